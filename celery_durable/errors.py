@@ -1,0 +1,49 @@
+"""The few exceptions callers of celery_durable catch, each naming what was wrong."""
+
+from __future__ import annotations
+
+
+class DurableError(Exception):
+    """Base of every error celery_durable raises on purpose.
+
+    ``code`` is a stable identifier for logs and alerts; ``setting`` names the
+    ``durable_*`` setting at fault, when one is.
+    """
+
+    code = "durable.error"
+
+    def __init__(self, message: str, *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.setting = setting
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Celery moves exceptions between processes: keep them picklable with
+        # their keyword-only fields.
+        return (_rebuild, (type(self), self.message, self.setting))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[DurableError], message: str, setting: str | None) -> DurableError:
+    return cls(message, setting=setting)
+
+
+class ConfigInvalid(DurableError):
+    """A ``durable_*`` setting holds a value the worker cannot run with."""
+
+    code = "durable.config.invalid"
+
+    def __init__(self, setting: str, problem: str) -> None:
+        super().__init__(f"{setting} {problem}", setting=setting)
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (ConfigInvalid, (self.setting, self.problem))
+
+
+class InvariantBroken(DurableError):
+    """A constructor was handed values that break one of its invariants."""
+
+    code = "durable.invariant"

@@ -1,0 +1,1 @@
+"""Pure planners: no Celery, kombu, SQLAlchemy or clock imports, so rules are tested from tables."""

@@ -1,0 +1,136 @@
+"""Which queue a claim pass asks, in what order, for how many: the pure sweep planner.
+
+A pass splits the room it has over the queues it has not asked yet
+(``ceil(room / queues left)``), each ask capped by the queue's free slots.
+Queues are asked in the worker's order rotated to start after the last queue
+given a job, so on a worker at its cap each freed slot goes to the next queue
+in turn that has work. A queue that filled its share is asked again while room
+is left; one with less work than its share leaves the rest to the queues after
+it. The executor (``worker/claimer.py``) fetches; this module only decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+
+from ..errors import InvariantBroken
+
+
+@dataclass(frozen=True)
+class Ask:
+    """Ask ``queue`` for at most ``count`` messages."""
+
+    queue: str
+    count: int
+    #: True when the pass's share, not the queue's free slots, set ``count``:
+    #: a queue that fills such an ask may have more work and is asked again.
+    share_bound: bool
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One claim pass part-way through: what is left to ask and the room left."""
+
+    to_ask: tuple[str, ...]
+    again: tuple[str, ...]
+    free: Mapping[str, int]
+    #: Runs the process may still take; None when there is no process cap
+    #: (then each queue is asked once, for its free slots).
+    room: int | None
+    #: The last queue given a job: the next pass starts after it.
+    cursor: str | None
+    claimed: int = 0
+
+
+def rotate(queues: Sequence[str], cursor: str | None) -> tuple[str, ...]:
+    """``queues`` in order, starting after ``cursor`` (unchanged if it is not one of them)."""
+    order = tuple(queues)
+    if cursor not in order:
+        return order
+    start = order.index(cursor) + 1
+    return order[start:] + order[:start]
+
+
+def begin_sweep(
+    queues: Sequence[str],
+    free: Mapping[str, int],
+    room: int | None,
+    cursor: str | None,
+) -> Sweep:
+    """Plan a pass over ``queues`` with ``free`` slots each and ``room`` under the process cap."""
+    if len(set(queues)) != len(queues):
+        raise InvariantBroken(f"queues must be distinct, got {list(queues)!r}")
+    for queue in queues:
+        slots = free.get(queue)
+        if slots is None or slots < 0:
+            raise InvariantBroken(f"free slots of queue {queue!r} must be >= 0, got {slots!r}")
+    if room is not None and room < 0:
+        raise InvariantBroken(f"room must be >= 0 or None, got {room!r}")
+    return Sweep(
+        to_ask=rotate(queues, cursor),
+        again=(),
+        free=MappingProxyType(dict(free)),
+        room=room,
+        cursor=cursor,
+    )
+
+
+def next_ask(sweep: Sweep) -> tuple[Ask | None, Sweep]:
+    """The next ask of the pass, or None when the pass is over; and the sweep without it."""
+    while True:
+        if sweep.room == 0:
+            return None, sweep
+        if not sweep.to_ask:
+            if not sweep.again:
+                return None, sweep
+            sweep = replace(sweep, to_ask=sweep.again, again=())
+        queue, rest = sweep.to_ask[0], sweep.to_ask[1:]
+        sweep = replace(sweep, to_ask=rest)
+        slots = sweep.free[queue]
+        if slots == 0:
+            continue  # at its own slot limit: skipped, not asked
+        if sweep.room is None:
+            return Ask(queue, slots, share_bound=False), sweep
+        share = -(-sweep.room // (len(rest) + 1))  # ceil(room / queues left, this one included)
+        if share < slots:
+            return Ask(queue, share, share_bound=True), sweep
+        return Ask(queue, slots, share_bound=False), sweep
+
+
+def record(sweep: Sweep, ask: Ask, got: int) -> Sweep:
+    """The sweep after ``ask`` brought ``got`` messages."""
+    if not 0 <= got <= ask.count:
+        raise InvariantBroken(f"an ask for {ask.count} from {ask.queue!r} cannot bring {got}")
+    if got == 0:
+        return sweep
+    free = dict(sweep.free)
+    free[ask.queue] -= got
+    room = None if sweep.room is None else sweep.room - got
+    again = sweep.again
+    if ask.share_bound and got == ask.count and free[ask.queue] > 0:
+        again = again + (ask.queue,)
+    return replace(
+        sweep,
+        free=MappingProxyType(free),
+        room=room,
+        again=again,
+        cursor=ask.queue,
+        claimed=sweep.claimed + got,
+    )
+
+
+def waitable_queues(queues: Sequence[str], free: Mapping[str, int], room: int | None) -> tuple[str, ...]:
+    """The queues an idle worker may wait on at once: those with a free slot, if it has room."""
+    if room == 0:
+        return ()
+    return tuple(queue for queue in queues if free.get(queue, 0) > 0)
+
+
+def capacity(max_in_flight: int | None, pool_size: int, slots: Sequence[int]) -> int:
+    """Runs the worker can hold: min(process cap, pool size, sum of queue slots)."""
+    bounds = [pool_size, sum(slots)]
+    if max_in_flight is not None:
+        bounds.append(max_in_flight)
+    return min(bounds)

@@ -1,0 +1,100 @@
+"""Registers ``-P durable`` with Celery and, when a worker boots on it, validates and wires it."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from celery import concurrency, signals
+
+from ..config import DurableConfig, from_celery_conf
+from ..errors import ConfigInvalid
+
+logger = logging.getLogger(__name__)
+
+POOL_ALIAS = "durable"
+POOL_PATH = "celery_durable.worker.pool:DurablePool"
+THREAD_POOL_PATH = "celery_durable.worker.pool:DurableThreadPool"
+CONSUMER_PATH = "celery_durable.worker.consumer:DurableConsumer"
+
+_registered = False
+
+
+def register() -> None:
+    """Make ``-P durable`` and ``worker_pool = "durable"`` resolve to the durable pool.
+
+    Called when ``celery_durable`` is imported and from the ``celery.commands``
+    entry point, so it works whether or not the app module imports us. Celery
+    freezes ``-P``'s choices into a click Choice at import of its worker
+    command, so the alias is added there too.
+    """
+    global _registered
+    current = concurrency.ALIASES.get(POOL_ALIAS)
+    if current not in (None, POOL_PATH):
+        logger.warning("durable.boot.alias_conflict: pool alias %r was %r; replacing it", POOL_ALIAS, current)
+    concurrency.ALIASES[POOL_ALIAS] = POOL_PATH
+    worker_cli = sys.modules.get("celery.bin.worker")
+    if worker_cli is not None:
+        choices = tuple(worker_cli.WORKERS_POOL.choices)
+        if POOL_ALIAS not in choices:
+            worker_cli.WORKERS_POOL.choices = (*choices, POOL_ALIAS)
+    if _registered:
+        return
+    signals.celeryd_init.connect(_remember_concurrency_given, weak=False, dispatch_uid="celery_durable.celeryd_init")
+    signals.worker_init.connect(_wire_durable_worker, weak=False, dispatch_uid="celery_durable.worker_init")
+    _registered = True
+
+
+def is_durable_pool(pool_cls: Any) -> bool:
+    if isinstance(pool_cls, str):
+        return pool_cls in (POOL_ALIAS, POOL_PATH, THREAD_POOL_PATH)
+    from .pool import DurablePoolMixin
+
+    return isinstance(pool_cls, type) and issubclass(pool_cls, DurablePoolMixin)
+
+
+def _remember_concurrency_given(sender: Any = None, instance: Any = None, conf: Any = None,
+                                options: Any = None, **_: Any) -> None:
+    # By worker_init Celery has already replaced a missing -c by cpu_count();
+    # only here can we still tell whether the user chose the pool size.
+    if instance is not None:
+        given = (options or {}).get("concurrency") or (conf or {}).get("worker_concurrency")
+        instance._durable_concurrency_given = bool(given)
+
+
+def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
+    worker = sender
+    if worker is None or not is_durable_pool(worker.pool_cls):
+        return
+    try:
+        config = _validated_config(worker)
+    except ConfigInvalid as err:
+        # One clear line, no traceback wall: the worker refuses to boot.
+        logger.error("durable.config.invalid: %s", err)
+        raise SystemExit(f"celery_durable: refusing to start: {err}") from None
+    worker.durable_config = config
+    worker.pool_cls = THREAD_POOL_PATH if config.execution == "threads" else POOL_PATH
+    worker.consumer_cls = CONSUMER_PATH
+    if not getattr(worker, "_durable_concurrency_given", True):
+        consumed = list(worker.app.amqp.queues.consume_from)
+        slots_sum = sum(config.slots_for(q) for q in consumed)
+        if config.max_in_flight is not None:
+            # With no -c the pool is sized to what the worker may hold.
+            worker.concurrency = min(config.max_in_flight, slots_sum)
+        else:
+            worker.concurrency = min(worker.concurrency, slots_sum)
+    elif config.max_in_flight is not None and config.max_in_flight > worker.concurrency:
+        logger.warning(
+            "durable.boot.cap_above_pool: durable_max_in_flight=%s exceeds the pool size %s; "
+            "the worker holds at most %s (it never buffers runs the pool cannot start)",
+            config.max_in_flight, worker.concurrency, worker.concurrency,
+        )
+
+
+def _validated_config(worker: Any) -> DurableConfig:
+    if getattr(worker, "autoscale", None):
+        raise ConfigInvalid("--autoscale", "cannot be used with -P durable: size the pool with -c")
+    config = from_celery_conf(worker.app.conf)
+    config.check_queues(worker.app.amqp.queues.consume_from)
+    return config

@@ -1,0 +1,214 @@
+"""The claim loop: executes sweep plans, waits on every queue at once when idle, counts what it takes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from time import monotonic
+from typing import Any
+
+from kombu import Consumer as KombuConsumer
+
+from ..planning.claim_sweep import begin_sweep, next_ask, record, waitable_queues
+from .process_cap import HeldRun, HeldRuns
+
+logger = logging.getLogger(__name__)
+
+
+class IdleChannels:
+    """Channels for the idle any-queue wait, each reused once its messages are settled.
+
+    The idle wait consumes with a prefetch of one over the whole channel, and a
+    message can only be acked on the channel it came from: a channel still
+    holding an unacked run (``acks_late``) would never deliver again, so a new
+    wait takes a channel whose every message is settled, or opens one.
+    """
+
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+        self._held: list[tuple[Any, list[Any]]] = []
+
+    def take(self) -> tuple[Any, list[Any]]:
+        for channel, messages in self._held:
+            messages[:] = [m for m in messages if not m.acknowledged]
+            if not messages:
+                return channel, messages
+        channel = self._connection.channel()
+        # Global: one message across all of the wait's per-queue consumers.
+        channel.basic_qos(0, 1, True)
+        entry: tuple[Any, list[Any]] = (channel, [])
+        self._held.append(entry)
+        return entry
+
+    def close(self) -> None:
+        for channel, _ in self._held:
+            try:
+                channel.close()
+            except Exception:  # noqa: BLE001 - closing on the way out; the broker requeues
+                logger.debug("durable.idle.channel_close_failed", exc_info=True)
+        self._held.clear()
+
+
+class Claimer:
+    """Fetches messages when the worker has room and hands them to Celery's task handler.
+
+    Runs in the consumer's loop thread. ``kick()`` may be called from any
+    thread; it coalesces into one pass on the loop thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        connection: Any,
+        queues: Callable[[], Sequence[Any]],
+        held: HeldRuns,
+        accept: Any,
+        schedule: Callable[[Callable[[], None]], None],
+        on_admitted: Callable[[HeldRun], None] | None = None,
+    ) -> None:
+        self._connection = connection
+        self._queues = queues
+        self.held = held
+        self._accept = accept
+        self._schedule = schedule
+        self._on_admitted = on_admitted
+        self.handler: Callable[[Any], Any] | None = None
+        self.cursor: str | None = None
+        self.running = False
+        self._kick_pending = False
+        self._kick_lock = threading.Lock()
+        self._claim_channel: Any = None
+        self._idle_channels = IdleChannels(connection)
+        self._idle_consumers: list[Any] = []
+        self._idle_channel_messages: list[Any] | None = None
+        self._admitting: HeldRun | None = None
+        self.passes = 0
+        self.last_pass_at = 0.0
+
+    # -- lifecycle -----------------------------------------------------------
+    def start(self) -> None:
+        self._claim_channel = self._connection.channel()
+        self.running = True
+        self.kick()
+
+    def stop(self) -> None:
+        """Stop claiming now: a pass checks this between two asks."""
+        self.running = False
+        self._cancel_idle_wait()
+
+    def close(self) -> None:
+        self.stop()
+        self._idle_channels.close()
+
+    # -- wake-ups ------------------------------------------------------------
+    def kick(self) -> None:
+        """Ask for a pass soon; many kicks before it runs make one pass."""
+        with self._kick_lock:
+            if self._kick_pending:
+                return
+            self._kick_pending = True
+        self._schedule(self._kicked)
+
+    def _kicked(self) -> None:
+        with self._kick_lock:
+            self._kick_pending = False
+        self.run_pass()
+
+    # -- the pass --------------------------------------------------------------
+    def run_pass(self) -> int:
+        if not self.running or self.handler is None:
+            return 0
+        # A wait still armed could deliver beside the pass's asks and overshoot
+        # the room read below; cancelling it first may itself admit one
+        # message, which is counted before the room is read.
+        self._cancel_idle_wait()
+        queues = {queue.name: queue for queue in self._queues()}
+        order = [name for name in self.held.queues() if name in queues]
+        free = self.held.free_slots()
+        room = self.held.room()
+        sweep = begin_sweep(order, {q: free.get(q, 0) for q in order}, room, self.cursor)
+        self.passes += 1
+        self.last_pass_at = monotonic()
+        while self.running:
+            ask, sweep = next_ask(sweep)
+            if ask is None:
+                break
+            got = self._fetch(queues[ask.queue], ask.count)
+            sweep = record(sweep, ask, got)
+        self.cursor = sweep.cursor
+        if self.running and self.held.room() > 0:
+            # Every queue with a free slot gave less than it was asked for: wait
+            # on all of them at once instead of polling.
+            self._arm_idle_wait(queues)
+        return sweep.claimed
+
+    def _fetch(self, queue: Any, count: int) -> int:
+        bound = queue(self._claim_channel)
+        got = 0
+        while got < count and self.running:
+            message = bound.get(no_ack=False, accept=self._accept)
+            if message is None:
+                break
+            got += 1
+            self._admit(queue.name, message)
+        return got
+
+    def _admit(self, queue_name: str, message: Any) -> None:
+        run = self.held.take(queue_name, message)
+        self._admitting = run
+        try:
+            assert self.handler is not None
+            self.handler(message)
+        finally:
+            self._admitting = None
+            if run.request is None:
+                # The strategy dropped it (revoked, expired, unknown task, bad
+                # payload): nothing will run, so the count goes back now.
+                self.held.give_back(message)
+        if self._on_admitted is not None:
+            self._on_admitted(run)
+
+    def bind_request(self, request: Any) -> None:
+        """Called as the strategy makes a request for the message being admitted."""
+        run = self._admitting
+        if run is not None and request.message is run.message:
+            run.request = request
+
+    # -- the idle wait -----------------------------------------------------------
+    def _arm_idle_wait(self, queues: dict[str, Any]) -> None:
+        names = waitable_queues(self.held.queues(), self.held.free_slots(), self.held.room())
+        names = tuple(name for name in names if name in queues)
+        if not names or self._idle_consumers:
+            return
+        channel, messages = self._idle_channels.take()
+        self._idle_channel_messages = messages
+        for name in names:
+            consumer = KombuConsumer(
+                channel,
+                queues=[queues[name]],
+                accept=self._accept,
+                on_message=self._idle_delivery(name, messages),
+                auto_declare=False,
+            )
+            consumer.consume()
+            self._idle_consumers.append(consumer)
+
+    def _idle_delivery(self, queue_name: str, messages: list[Any]) -> Callable[[Any], None]:
+        def on_message(message: Any) -> None:
+            messages.append(message)
+            self._cancel_idle_wait()
+            self.cursor = queue_name
+            self._admit(queue_name, message)
+            # One message woke us: fill the rest of the room with planned asks.
+            self.kick()
+
+        return on_message
+
+    def _cancel_idle_wait(self) -> None:
+        consumers, self._idle_consumers = self._idle_consumers, []
+        for consumer in consumers:
+            try:
+                consumer.cancel()
+            except Exception:  # noqa: BLE001 - a dead channel has nothing left to cancel
+                logger.debug("durable.idle.cancel_failed", exc_info=True)

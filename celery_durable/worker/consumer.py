@@ -1,0 +1,230 @@
+"""DurableConsumer: Celery's consumer with its push fetch replaced by planned claims."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+from celery import bootsteps, signals
+from celery.worker import state as worker_state
+from celery.worker.consumer import Consumer
+from celery.worker.loops import asynloop
+
+from ..config import DurableConfig
+from ..planning.claim_sweep import capacity
+from . import metrics_gauges
+from .claimer import Claimer
+from .drain import Drain
+from .process_cap import HeldRuns
+from .redis_restore import RedisRestorer
+
+logger = logging.getLogger(__name__)
+
+
+class _ClaimingTaskConsumer:
+    """Stands in for the task consumer Celery's loop starts: it claims instead of consuming.
+
+    The loop sets ``on_message`` to the task handler and calls ``consume()``
+    once the hub is registered; both go to the claimer.
+    """
+
+    def __init__(self, claimer: Claimer) -> None:
+        self._claimer = claimer
+
+    @property
+    def on_message(self) -> Any:
+        return self._claimer.handler
+
+    @on_message.setter
+    def on_message(self, handler: Any) -> None:
+        self._claimer.handler = handler
+
+    def consume(self) -> None:
+        self._claimer.start()
+
+
+def durable_loop(
+    obj: DurableConsumer,
+    connection: Any,
+    consumer: Any,
+    blueprint: Any,
+    hub: Any,
+    qos: Any,
+    heartbeat: Any,
+    clock: Any,
+    hbrate: float = 2.0,
+) -> None:
+    """The consumer's loop: Celery's own with a hub, a short polling loop without one."""
+    claimer = obj.new_claimer(connection, hub)
+    stand_in = _ClaimingTaskConsumer(claimer)
+    try:
+        if hub is not None:
+            asynloop(obj, connection, stand_in, blueprint, hub, qos, heartbeat, clock, hbrate)
+        else:
+            _polling_loop(obj, connection, stand_in, blueprint, claimer)
+    finally:
+        claimer.stop()
+
+
+def _polling_loop(obj: DurableConsumer, connection: Any, stand_in: Any, blueprint: Any, claimer: Claimer) -> None:
+    # Transports without an event loop (the embedded SQLAlchemy broker): the
+    # claim passes run here, between short drains that serve the idle wait
+    # and remote control.
+    stand_in.on_message = obj.create_task_handler()
+    stand_in.consume()
+    obj.on_ready()
+    interval = obj.durable_config.idle_poll_interval
+    while blueprint.state == bootsteps.RUN and obj.connection:
+        worker_state.maybe_shutdown()
+        obj.perform_pending_operations()
+        obj.run_scheduled()
+        try:
+            connection.drain_events(timeout=interval)
+        except socket.timeout:
+            pass
+        except OSError:
+            if blueprint.state == bootsteps.RUN:
+                raise
+
+
+class DurableStats(bootsteps.StartStopStep):
+    """Adds the claim counts to ``celery inspect stats``."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def info(self, c: Any) -> dict[str, Any]:
+        if not isinstance(c, DurableConsumer):
+            return {}
+        return {"durable": c.durable_stats()}
+
+
+class DurableConsumer(Consumer):
+    """The consumer ``-P durable`` installs: claims planned before each fetch."""
+
+    loop = staticmethod(durable_loop)
+
+    class Blueprint(Consumer.Blueprint):
+        default_steps = [*Consumer.Blueprint.default_steps, "celery_durable.worker.consumer:DurableStats"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        config: DurableConfig = self.controller.durable_config
+        self.durable_config = config
+        consumed = list(self.app.amqp.queues.consume_from)
+        slots = {queue: config.slots_for(queue) for queue in consumed}
+        self.durable_capacity = capacity(config.max_in_flight, self.pool.limit, list(slots.values()))
+        self.held = HeldRuns(self.durable_capacity, slots)
+        self.claimer: Claimer | None = None
+        self._scheduled: list[Any] = []
+        self.drain = Drain(self)
+        self.pool.run_listener = self
+        self.pool.drain = self.drain
+        signals.task_received.connect(self._on_task_received, sender=self, weak=False)
+        signals.task_revoked.connect(self._on_task_revoked, weak=False)
+        metrics_gauges.register_worker(self)
+        logger.info(
+            "durable.worker.capacity capacity=%s max_in_flight=%s pool=%s queue_slots=%s",
+            self.durable_capacity, config.max_in_flight, self.pool.limit, slots,
+            extra={"capacity": self.durable_capacity, "queue_slots": slots},
+        )
+
+    # -- the claimer, one per connection ---------------------------------------
+    def new_claimer(self, connection: Any, hub: Any) -> Claimer:
+        if self.claimer is not None:
+            self.claimer.close()
+        if hub is not None:
+            schedule = hub.call_soon
+        else:
+            schedule = self._scheduled.append
+        claimer = Claimer(
+            connection=connection,
+            queues=lambda: list(self.app.amqp.queues.consume_from.values()),
+            held=self.held,
+            accept=self.app.conf.accept_content,
+            schedule=schedule,
+        )
+        self.claimer = claimer
+        restorer = RedisRestorer.for_connection(connection, self.durable_config.restore_interval)
+        if hub is not None:
+            hub.call_repeatedly(self.durable_config.safety_interval, claimer.kick)
+            if restorer is not None:
+                hub.call_repeatedly(restorer.interval, restorer.restore)
+        else:
+            self._poll_timers = [(self.durable_config.safety_interval, claimer.kick)]
+            if restorer is not None:
+                self._poll_timers.append((restorer.interval, restorer.restore))
+            self._poll_timer_due = [0.0 for _ in self._poll_timers]
+        return claimer
+
+    def run_scheduled(self) -> None:
+        """Run kicks queued from other threads (no-hub mode only), then due timers."""
+        from time import monotonic
+
+        while self._scheduled:
+            self._scheduled.pop(0)()
+        now = monotonic()
+        for index, (interval, fn) in enumerate(self._poll_timers):
+            if now >= self._poll_timer_due[index]:
+                self._poll_timer_due[index] = now + interval
+                fn()
+
+    # -- counting: what the pool and the strategy tell ------------------------------
+    def _on_task_received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
+        if self.claimer is not None and request is not None:
+            self.claimer.bind_request(request)
+
+    def _on_task_revoked(self, sender: Any = None, request: Any = None, **_: Any) -> None:
+        if request is not None:
+            self.run_finished(request)
+
+    def run_finished(self, request: Any) -> None:
+        if self.held.give_back(request.message) is not None and self.claimer is not None:
+            self.claimer.kick()
+
+    def is_handed_back(self, request: Any) -> bool:
+        run = self.held.find(request.message)
+        return bool(run is not None and run.handed_back)
+
+    # -- queues added or cancelled by remote control ------------------------------
+    def add_task_queue(self, queue: str, exchange: Any = None, exchange_type: Any = None,
+                       routing_key: Any = None, **options: Any) -> None:
+        queues = self.app.amqp.queues
+        if queue in queues:
+            q = queues.select_add(queues[queue])
+        else:
+            q = queues.select_add(
+                queue,
+                exchange=queue if exchange is None else exchange,
+                exchange_type="direct" if exchange_type is None else exchange_type,
+                routing_key=routing_key,
+                **options,
+            )
+        q(self.connection.default_channel).declare()
+        self.held.set_queue(q.name, self.durable_config.slots_for(q.name))
+        logger.info("durable.queue.added queue=%s", q.name)
+        if self.claimer is not None:
+            self.claimer.kick()
+
+    def cancel_task_queue(self, queue: str) -> None:
+        queues = self.app.amqp.queues
+        queues.deselect(queue)
+        logger.info("durable.queue.cancelled queue=%s", queue)
+
+    # -- shutdown ----------------------------------------------------------------
+    def stop(self) -> None:
+        if self.claimer is not None:
+            self.claimer.stop()
+        super().stop()
+
+    def durable_stats(self) -> dict[str, Any]:
+        config = self.durable_config
+        return {
+            "in_flight": self.held.held(),
+            "max_in_flight": config.max_in_flight,
+            "capacity": self.durable_capacity,
+            "pool_size": self.pool.limit,
+            "held_by_queue": self.held.held_by_queue(),
+            "queue_slots": {q: config.slots_for(q) for q in self.held.queues()},
+            "claim_passes": self.claimer.passes if self.claimer is not None else 0,
+        }

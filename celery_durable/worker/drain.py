@@ -1,0 +1,107 @@
+"""SIGTERM drain: stop claiming, let held runs finish under a deadline, hand the rest back to the broker."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from time import monotonic
+from typing import Any
+
+from .process_cap import HeldRun
+
+logger = logging.getLogger(__name__)
+
+#: How often the drain looks whether the held runs are done.
+_POLL_SECONDS = 0.05
+
+
+class Drain:
+    """The deadline half of a warm shutdown.
+
+    Celery's warm shutdown already stops the consumer (no claim after it) and
+    joins the pool; joining waits for every run with no bound. ``start()``
+    runs beside that join: once ``durable_drain_timeout`` passes, each run
+    still held goes back to the broker with its attempt unburned and its
+    child process is killed so the join returns.
+    """
+
+    def __init__(self, consumer: Any) -> None:
+        self._consumer = consumer
+        self._thread: threading.Thread | None = None
+        self.handed_back: list[HeldRun] = []
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._watch, name="durable-drain", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def _watch(self) -> None:
+        held = self._consumer.held
+        deadline = monotonic() + self._consumer.durable_config.drain_timeout
+        logger.info("durable.drain.started held=%s", held.held())
+        while held.held() and monotonic() < deadline:
+            threading.Event().wait(_POLL_SECONDS)
+        left = held.snapshot()
+        if not left:
+            logger.info("durable.drain.finished")
+            return
+        logger.warning("durable.drain.deadline held=%s: handing them back to the broker", len(left))
+        for run in left:
+            self._hand_back(run)
+
+    def _hand_back(self, run: HeldRun) -> None:
+        run.handed_back = True
+        message = run.message
+        try:
+            if not message.acknowledged:
+                message.reject(requeue=True)
+            else:
+                # Acked at start (acks_late off): the broker no longer has it,
+                # so a copy goes back, same id, same retry count.
+                self._republish(message)
+        except Exception:  # noqa: BLE001 - logged with the task id; nothing else can be done here
+            logger.exception("durable.drain.hand_back_failed queue=%s", run.queue)
+        else:
+            logger.info("durable.drain.handed_back queue=%s id=%s", run.queue, _task_id(message))
+        self.handed_back.append(run)
+        pid = getattr(run.request, "worker_pid", None) if run.request is not None else None
+        if pid and pid != os.getpid():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _republish(self, message: Any) -> None:
+        app = self._consumer.app
+        delivery = message.delivery_info or {}
+        properties = dict(message.properties or {})
+        properties.pop("delivery_tag", None)
+        properties.pop("delivery_info", None)
+        with app.connection_for_write() as connection:
+            connection.Producer().publish(
+                message.body,
+                exchange=delivery.get("exchange", ""),
+                routing_key=delivery.get("routing_key", run_queue_fallback(message)),
+                headers=message.headers,
+                content_type=message.content_type,
+                content_encoding=message.content_encoding,
+                serializer=None,
+                retry=True,
+                **{k: v for k, v in properties.items() if k in ("correlation_id", "reply_to", "priority")},
+            )
+
+
+def run_queue_fallback(message: Any) -> str:
+    return str((message.delivery_info or {}).get("routing_key") or "celery")
+
+
+def _task_id(message: Any) -> Any:
+    headers = message.headers or {}
+    return headers.get("id")

@@ -1,0 +1,81 @@
+"""The ``-P durable`` pools: Celery's prefork and thread pools that report each finished run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from celery.concurrency.prefork import TaskPool as PreforkTaskPool
+from celery.concurrency.thread import TaskPool as ThreadTaskPool
+
+
+class RunListener(Protocol):
+    """What the pool tells about a run the consumer handed it."""
+
+    def run_finished(self, request: Any) -> None: ...
+
+    def is_handed_back(self, request: Any) -> bool: ...
+
+
+class DurablePoolMixin:
+    """Wraps the pool's result callbacks so a finish frees its slot at once.
+
+    The callbacks are the request's ``on_success``/``on_failure``; they fire in
+    the worker process for prefork (the hub thread, or the result thread
+    without an event loop) and threads (the executor thread) alike, after
+    Celery has acked and marked the request ready.
+    """
+
+    #: Set by the durable consumer once it exists (the pool is built first).
+    run_listener: RunListener | None = None
+
+    def apply_async(self, target: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        listener = self.run_listener
+        callback = options.get("callback")
+        request = getattr(callback, "__self__", None)
+        if listener is not None and request is not None:
+            options["callback"] = _then_release(callback, listener, request)
+            options["error_callback"] = _then_release(options.get("error_callback"), listener, request)
+        return super().apply_async(target, args, kwargs, **options)  # type: ignore[misc]
+
+    def on_stop(self) -> None:
+        # The drain's deadline runs beside Celery's join of the pool.
+        drain = getattr(self, "drain", None)
+        if drain is not None:
+            drain.start()
+        super().on_stop()  # type: ignore[misc]
+
+
+def _then_release(
+    callback: Callable[..., Any] | None, listener: RunListener, request: Any
+) -> Callable[..., Any]:
+    def finished(*args: Any, **kwargs: Any) -> None:
+        try:
+            # A run handed back at the drain deadline is the broker's again:
+            # its late failure (the child was killed) must not ack it or mark
+            # the task failed.
+            if callback is not None and not listener.is_handed_back(request):
+                callback(*args, **kwargs)
+        finally:
+            listener.run_finished(request)
+
+    return finished
+
+
+class DurablePool(DurablePoolMixin, PreforkTaskPool):
+    """Prefork execution (the default of ``-P durable``)."""
+
+
+class DurableThreadPool(DurablePoolMixin, ThreadTaskPool):
+    """Thread execution (``durable_execution = "threads"``)."""
+
+    def on_stop(self) -> None:
+        drain = getattr(self, "drain", None)
+        if drain is None:
+            super().on_stop()
+            return
+        drain.start()
+        drain.join()
+        # A thread cannot be killed: runs handed back at the deadline keep
+        # running until they return, but nothing waits for them here.
+        self.executor.shutdown(wait=False, cancel_futures=True)

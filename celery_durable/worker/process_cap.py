@@ -1,0 +1,99 @@
+"""The runs one worker holds, per queue: taken at claim, handed back exactly once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvariantBroken
+
+
+@dataclass
+class HeldRun:
+    """One claimed message and, once the strategy made one, its request."""
+
+    queue: str
+    message: Any
+    request: Any = None
+    #: Set at the drain deadline: the message went back to the broker, so the
+    #: pool's late callbacks for it must not ack it or record a failure.
+    handed_back: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class HeldRuns:
+    """Counts runs held by this worker, across every path a claimed message takes.
+
+    A run is taken when its message is claimed and given back exactly once:
+    when the pool reports it finished, when it is revoked or rejected, or when
+    the strategy dropped its message without making a request. Pool callbacks
+    arrive on other threads (thread pool, prefork without an event loop), so
+    every method takes the lock.
+    """
+
+    def __init__(self, capacity: int, queue_slots: Mapping[str, int]) -> None:
+        if capacity < 1:
+            raise InvariantBroken(f"capacity must be >= 1, got {capacity!r}")
+        self.capacity = capacity
+        self._slots = dict(queue_slots)
+        self._runs: dict[int, HeldRun] = {}
+        self._by_queue: dict[str, int] = {queue: 0 for queue in queue_slots}
+        self._lock = threading.Lock()
+
+    # -- the queues --------------------------------------------------------
+    def set_queue(self, queue: str, slots: int) -> None:
+        with self._lock:
+            self._slots[queue] = slots
+            self._by_queue.setdefault(queue, 0)
+
+    def queues(self) -> tuple[str, ...]:
+        return tuple(self._slots)
+
+    # -- counting ------------------------------------------------------------
+    def take(self, queue: str, message: Any) -> HeldRun:
+        run = HeldRun(queue=queue, message=message)
+        with self._lock:
+            if id(message) in self._runs:
+                raise InvariantBroken(f"message {message!r} is already held")
+            self._runs[id(message)] = run
+            self._by_queue[queue] = self._by_queue.get(queue, 0) + 1
+        return run
+
+    def find(self, message: Any) -> HeldRun | None:
+        with self._lock:
+            return self._runs.get(id(message))
+
+    def give_back(self, message: Any) -> HeldRun | None:
+        """Return the count of ``message``'s run; None if it was already returned."""
+        with self._lock:
+            run = self._runs.pop(id(message), None)
+            if run is not None:
+                self._by_queue[run.queue] -= 1
+            return run
+
+    def held(self) -> int:
+        return len(self._runs)
+
+    def held_by_queue(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._by_queue)
+
+    def room(self) -> int:
+        return max(self.capacity - len(self._runs), 0)
+
+    def free_slots(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                queue: max(slots - self._by_queue.get(queue, 0), 0)
+                for queue, slots in self._slots.items()
+            }
+
+    def snapshot(self) -> list[HeldRun]:
+        with self._lock:
+            return list(self._runs.values())
+
+    def give_back_all(self, runs: Iterable[HeldRun]) -> None:
+        for run in runs:
+            self.give_back(run.message)
