@@ -15,10 +15,12 @@ from celery import Celery
 
 import celery_durable
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 app = Celery(
     "proj",
-    broker=os.environ.get("DURABLE_BROKER_URL", "sqla+sqlite:///durable-broker.sqlite"),
-    backend=os.environ.get("DURABLE_RESULT_URL", "db+sqlite:///durable-results.sqlite"),
+    broker=os.environ.get("DURABLE_BROKER_URL", f"sqla+sqlite:///{HERE}/durable-broker.sqlite"),
+    backend=os.environ.get("DURABLE_RESULT_URL", f"db+sqlite:///{HERE}/durable-results.sqlite"),
 )
 celery_durable.install(app)
 app.conf.update(
@@ -28,8 +30,6 @@ app.conf.update(
         "examples.proj.build_report": {"queue": "reports"},
     },
     task_acks_late=True,
-    # The embedded broker polls; a short interval keeps pickup quick.
-    broker_transport_options={"polling_interval": 0.05},
     durable_max_in_flight=4,
     durable_queue_concurrency={"reports": 1},
 )

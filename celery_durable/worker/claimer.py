@@ -158,8 +158,7 @@ class Claimer:
         run = self.held.take(queue_name, message)
         self._admitting = run
         try:
-            assert self.handler is not None
-            self.handler(message)
+            self._handle(message)
         finally:
             self._admitting = None
             if run.request is None:
@@ -168,6 +167,11 @@ class Claimer:
                 self.held.give_back(message)
         if self._on_admitted is not None:
             self._on_admitted(run)
+
+    def _handle(self, message: Any) -> None:
+        if self.handler is None:
+            raise RuntimeError("the claimer was started before Celery gave it the task handler")
+        self.handler(message)
 
     def bind_request(self, request: Any) -> None:
         """Called as the strategy makes a request for the message being admitted."""

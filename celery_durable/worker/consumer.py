@@ -123,16 +123,17 @@ class DurableConsumer(Consumer):
         signals.task_received.connect(self._on_task_received, sender=self, weak=False)
         signals.task_revoked.connect(self._on_task_revoked, weak=False)
         metrics_gauges.register_worker(self)
-        logger.info(
-            "durable.worker.capacity capacity=%s max_in_flight=%s pool=%s queue_slots=%s",
-            self.durable_capacity, config.max_in_flight, self.pool.limit, slots,
-            extra={"capacity": self.durable_capacity, "queue_slots": slots},
-        )
 
     # -- the claimer, one per connection ---------------------------------------
     def new_claimer(self, connection: Any, hub: Any) -> Claimer:
         if self.claimer is not None:
             self.claimer.close()
+        config = self.durable_config
+        logger.info(
+            "durable.worker.capacity capacity=%s max_in_flight=%s pool=%s queue_slots=%s",
+            self.durable_capacity, config.max_in_flight, self.pool.limit, self.held.free_slots(),
+            extra={"capacity": self.durable_capacity, "max_in_flight": config.max_in_flight},
+        )
         if hub is not None:
             schedule = hub.call_soon
         else:
