@@ -1,0 +1,183 @@
+"""Runs real ``celery worker`` processes against a real broker and reads what their tasks recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery
+
+from tests.services import OBSERVE_URL
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def wait_for(condition: Callable[[], Any], *, timeout: float, what: str, every: float = 0.02) -> Any:
+    """Poll ``condition`` until it is truthy; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+@dataclass
+class Scenario:
+    """One test's broker, unique queue names and event list."""
+
+    broker_kind: str
+    broker_url: str
+    queue_names: Sequence[str]
+    key: str = field(default_factory=lambda: f"e2e:{uuid.uuid4().hex}")
+
+    def __post_init__(self) -> None:
+        suffix = uuid.uuid4().hex[:8]
+        self.queues = [f"{name}-{suffix}" for name in self.queue_names]
+        self.by_name = dict(zip(self.queue_names, self.queues))
+        self.observer = redis.Redis.from_url(OBSERVE_URL)
+        self.producer = Celery("e2e-producer", broker=self.broker_url)
+        self.producer.conf.broker_connection_retry_on_startup = True
+        self._workers: list[WorkerProcess] = []
+
+    # -- sending ---------------------------------------------------------------
+    def send(self, queue_name: str, label: str, seconds: float = 0.0, **options: Any) -> str:
+        result = self.producer.send_task(
+            "e2e.record", args=[label, seconds], queue=self.by_name[queue_name], **options
+        )
+        return str(result.id)
+
+    # -- reading what ran ------------------------------------------------------------
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(raw) for raw in self.observer.lrange(self.key, 0, -1)]
+
+    def started(self) -> list[dict[str, Any]]:
+        return [e for e in self.events() if e["e"] == "start"]
+
+    def ended(self) -> list[dict[str, Any]]:
+        return [e for e in self.events() if e["e"] == "end"]
+
+    def wait_ended(self, count: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+        wait_for(lambda: len(self.ended()) >= count, timeout=timeout, what=f"{count} tasks to end")
+        return self.ended()
+
+    def max_concurrency(self, events: Iterable[dict[str, Any]] | None = None,
+                        only: Callable[[dict[str, Any]], bool] = lambda e: True) -> int:
+        """Most tasks running at once, from the start/end events in the order Redis got them."""
+        running = peak = 0
+        for event in events if events is not None else self.events():
+            if not only(event):
+                continue
+            running += 1 if event["e"] == "start" else -1
+            peak = max(peak, running)
+        return peak
+
+    # -- the broker's side ---------------------------------------------------------
+    def broker_depth(self, queue_name: str) -> int:
+        queue = self.by_name[queue_name]
+        if self.broker_kind == "redis":
+            client = redis.Redis.from_url(self.broker_url)
+            # kombu keeps priorities 0 and 3/6/9 in separate lists.
+            sep = "\x06\x16"
+            return sum(int(client.llen(name)) for name in
+                       [queue] + [f"{queue}{sep}{p}" for p in (3, 6, 9)])
+        with self.producer.connection_for_write() as conn:
+            _, count, _ = conn.default_channel.queue_declare(queue=queue, passive=True)
+            return int(count)
+
+    # -- workers ---------------------------------------------------------------------
+    def worker(self, *, conf: dict[str, Any] | None = None, queues: Sequence[str] | None = None,
+               pool: str = "durable", concurrency: int | None = 2,
+               extra_args: Sequence[str] = ()) -> WorkerProcess:
+        names = list(queues) if queues is not None else list(self.queue_names)
+        worker = WorkerProcess(self, [self.by_name[n] for n in names], conf or {}, pool,
+                               concurrency, list(extra_args))
+        self._workers.append(worker)
+        return worker
+
+    def cleanup(self) -> None:
+        for worker in self._workers:
+            worker.kill()
+        self.observer.delete(self.key)
+        try:
+            if self.broker_kind == "redis":
+                client = redis.Redis.from_url(self.broker_url)
+                for queue in self.queues:
+                    client.delete(queue, *[f"{queue}\x06\x16{p}" for p in (3, 6, 9)])
+            else:
+                with self.producer.connection_for_write() as conn:
+                    for queue in self.queues:
+                        conn.default_channel.queue_delete(queue)
+        except Exception:  # noqa: BLE001 - best effort; queue names are unique per test anyway
+            pass
+
+
+class WorkerProcess:
+    """A ``celery -A tests.e2e.e2eapp worker`` subprocess."""
+
+    def __init__(self, scenario: Scenario, queues: list[str], conf: dict[str, Any], pool: str,
+                 concurrency: int | None, extra_args: list[str]) -> None:
+        self.scenario = scenario
+        self.name = f"w{uuid.uuid4().hex[:6]}@%h"
+        self.log_path = Path(os.environ.get("E2E_LOG_DIR", "/tmp")) / f"e2e-{uuid.uuid4().hex[:8]}.log"
+        env = dict(os.environ)
+        env.update(
+            E2E_BROKER=scenario.broker_url,
+            E2E_QUEUES=",".join(scenario.queues),
+            E2E_CONF=json.dumps(conf),
+            E2E_KEY=scenario.key,
+            E2E_OBSERVE=OBSERVE_URL,
+            PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+        )
+        args = [sys.executable, "-m", "celery", "-A", "tests.e2e.e2eapp", "worker",
+                "-P", pool, "-Q", ",".join(queues), "-n", self.name,
+                "--without-mingle", "--without-gossip", "-l", "info", *extra_args]
+        if concurrency is not None:
+            args += ["-c", str(concurrency)]
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(args, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 30.0) -> WorkerProcess:
+        def ready() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"worker exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+            return " ready." in self.log()
+        wait_for(ready, timeout=timeout, what="the worker to be ready", every=0.05)
+        return self
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM (a warm shutdown) and wait for the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its pool children (as a crash would)."""
+        if self.process.poll() is None:
+            children = subprocess.run(["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True)
+            self.process.kill()
+            for pid in children.stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.process.wait(timeout=30)
+        self._log.close()

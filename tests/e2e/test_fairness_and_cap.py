@@ -1,0 +1,37 @@
+"""A real ``celery worker -P durable``: strict turns across queues, the process cap, nothing prefetched."""
+
+from __future__ import annotations
+
+from tests.e2e.harness import wait_for
+
+
+def test_three_backlogged_queues_at_cap_one_run_in_strict_turns(scenario):
+    s = scenario(["a", "b", "c"])
+    for i in range(6):
+        for name in ("a", "b", "c"):
+            s.send(name, f"{name}{i}")
+    worker = s.worker(conf={"durable_max_in_flight": 1}, concurrency=1).wait_ready()
+    ended = s.wait_ended(18)
+    order = [e["label"][0] for e in sorted(s.started(), key=lambda e: e["t"])]
+    assert order == list("abc" * 6), order
+    assert s.max_concurrency() == 1
+    assert worker.terminate() == 0
+    assert len(ended) == 18
+
+
+def test_cap_of_five_holds_and_the_broker_keeps_what_has_not_started(scenario):
+    s = scenario(["work"])
+    for i in range(200):
+        s.send("work", f"t{i}", 0.05)
+    worker = s.worker(conf={"durable_max_in_flight": 5}, concurrency=8).wait_ready()
+    # While it runs, everything not started is still in the broker: no prefetch.
+    def mid_run() -> bool:
+        started = len(s.started())
+        return 40 <= started <= 150 and started
+    wait_for(mid_run, timeout=60, what="the run to be under way")
+    in_broker = s.broker_depth("work")
+    started = len(s.started())
+    assert in_broker >= 200 - started - 5, (in_broker, started)
+    s.wait_ended(200, timeout=120)
+    assert s.max_concurrency() == 5
+    assert worker.terminate() == 0

@@ -1,0 +1,57 @@
+"""Real-service fixtures: skip on a laptop without the service, FAIL under CI=true."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+REDIS_URL = os.environ.get("DURABLE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+AMQP_URL = os.environ.get("DURABLE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+OBSERVE_URL = os.environ.get("DURABLE_TEST_OBSERVE_URL", "redis://127.0.0.1:6379/15")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def require(service: str, problem: str | None) -> None:
+    if problem is None:
+        return
+    message = f"{service} is not reachable: {problem}"
+    if in_ci():
+        pytest.fail(f"{message} (under CI=true a missing service is a failure)")
+    pytest.skip(message)
+
+
+def redis_problem(url: str = REDIS_URL) -> str | None:
+    import redis
+
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
+        return repr(exc)
+    return None
+
+
+def amqp_problem(url: str = AMQP_URL) -> str | None:
+    from kombu import Connection
+
+    try:
+        with Connection(url, connect_timeout=2) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as exc:  # noqa: BLE001
+        return repr(exc)
+    return None
+
+
+def broker_url(kind: str) -> str:
+    if kind == "redis":
+        require("Redis", redis_problem())
+        require("Redis (observation)", redis_problem(OBSERVE_URL))
+        return REDIS_URL
+    if kind == "rabbitmq":
+        require("RabbitMQ", amqp_problem())
+        require("Redis (observation)", redis_problem(OBSERVE_URL))
+        return AMQP_URL
+    raise ValueError(kind)
