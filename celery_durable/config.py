@@ -38,6 +38,14 @@ class DurableConfig:
         if self.max_in_flight is not None:
             whole_number("durable_max_in_flight", self.max_in_flight)
         whole_number("durable_queue_concurrency", self.default_queue_slots)
+        if not isinstance(self.queue_slots, Mapping):
+            raise ConfigInvalid(
+                "durable_queue_concurrency",
+                f"per-queue slots must be a mapping of queue name to slots, got {self.queue_slots!r}",
+            )
+        # Validate and keep a copy: the caller's dict must not be able to change
+        # a frozen config behind its validation.
+        object.__setattr__(self, "queue_slots", dict(self.queue_slots))
         for queue, slots in self.queue_slots.items():
             if not isinstance(queue, str) or not queue:
                 raise ConfigInvalid(

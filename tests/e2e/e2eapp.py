@@ -30,14 +30,18 @@ app.conf.update(json.loads(os.environ.get("E2E_CONF", "{}")))
 _observer: dict[int, Any] = {}
 
 
-def observe(event: str, label: str, **fields: Any) -> None:
+def _client() -> Any:
     # One client per process: prefork children must not share the parent's socket.
     client = _observer.get(os.getpid())
     if client is None:
         client = redis.Redis.from_url(os.environ.get("E2E_OBSERVE", "redis://127.0.0.1:6379/15"))
         _observer[os.getpid()] = client
+    return client
+
+
+def observe(event: str, label: str, **fields: Any) -> None:
     record = {"e": event, "label": label, "t": time.time(), "pid": os.getpid(), **fields}
-    client.rpush(os.environ["E2E_KEY"], json.dumps(record))
+    _client().rpush(os.environ["E2E_KEY"], json.dumps(record))
 
 
 @app.task(name="e2e.record", bind=True)
@@ -49,3 +53,49 @@ def record(self: Any, label: str, seconds: float = 0.0, fail_times: int = 0) -> 
         time.sleep(seconds)
     observe("end", label, id=self.request.id, queue=queue)
     return label
+
+
+def _queue_of(task: Any) -> Any:
+    return (task.request.delivery_info or {}).get("routing_key")
+
+
+@app.task(name="e2e.wait", bind=True)
+def wait(self: Any, label: str, gate: str, timeout: float = 60.0) -> str:
+    """Runs until the harness opens ``gate`` (one token per waiter): a long task that ends on cue."""
+    queue = _queue_of(self)
+    observe("start", label, id=self.request.id, queue=queue, retries=self.request.retries)
+    opened = _client().blpop(f"{os.environ['E2E_KEY']}:gate:{gate}", timeout=timeout)
+    observe("end", label, id=self.request.id, queue=queue, opened=opened is not None)
+    return label
+
+
+@app.task(name="e2e.limited", bind=True, rate_limit="5/s")
+def limited(self: Any, label: str) -> str:
+    """Rate-limited to 5 a second in each worker."""
+    queue = _queue_of(self)
+    observe("start", label, id=self.request.id, queue=queue)
+    observe("end", label, id=self.request.id, queue=queue)
+    return label
+
+
+@app.task(name="e2e.flaky", bind=True, max_retries=5)
+def flaky(self: Any, label: str, fail_times: int = 2) -> str:
+    """Retries (at once) ``fail_times`` times, then succeeds; attempts are counted in Redis by label."""
+    queue = _queue_of(self)
+    attempt = int(_client().incr(f"{os.environ['E2E_KEY']}:attempts:{label}"))
+    observe("start", label, id=self.request.id, queue=queue, retries=self.request.retries, attempt=attempt)
+    if attempt <= fail_times:
+        observe("retry", label, id=self.request.id, queue=queue, attempt=attempt)
+        raise self.retry(countdown=0)
+    observe("end", label, id=self.request.id, queue=queue, attempt=attempt)
+    return label
+
+
+@app.task(name="e2e.reject", bind=True, acks_late=True)
+def reject(self: Any, label: str) -> None:
+    """Rejects its own message without requeueing it (acks_late, so the reject is what settles it)."""
+    from celery.exceptions import Reject
+
+    observe("start", label, id=self.request.id, queue=_queue_of(self))
+    observe("reject", label, id=self.request.id, queue=_queue_of(self))
+    raise Reject("e2e rejects this message", requeue=False)

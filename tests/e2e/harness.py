@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -59,6 +60,19 @@ class Scenario:
         )
         return str(result.id)
 
+    def send_task(self, queue_name: str, name: str, args: Sequence[Any] = (), **options: Any) -> str:
+        """Send any task by name (registered in the workers' app or not) to one of this test's queues."""
+        result = self.producer.send_task(name, args=list(args), queue=self.by_name[queue_name], **options)
+        return str(result.id)
+
+    def send_waiting(self, queue_name: str, label: str, gate: str = "gate", **options: Any) -> str:
+        """Send ``e2e.wait``: it starts, then runs until ``open_gate(gate)`` lets it end."""
+        return self.send_task(queue_name, "e2e.wait", [label, gate], **options)
+
+    def open_gate(self, gate: str = "gate", count: int = 1) -> None:
+        """Let ``count`` ``e2e.wait`` runs waiting on ``gate`` (now or later) end."""
+        self.observer.rpush(f"{self.key}:gate:{gate}", *["open"] * count)
+
     # -- reading what ran ------------------------------------------------------------
     def events(self) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self.observer.lrange(self.key, 0, -1)]
@@ -68,6 +82,10 @@ class Scenario:
 
     def ended(self) -> list[dict[str, Any]]:
         return [e for e in self.events() if e["e"] == "end"]
+
+    def labelled(self, event: str, prefix: str) -> list[dict[str, Any]]:
+        """The ``event`` events ("start", "end", ...) of runs whose label starts with ``prefix``."""
+        return [e for e in self.events() if e["e"] == event and e["label"].startswith(prefix)]
 
     def wait_ended(self, count: int, timeout: float = 60.0) -> list[dict[str, Any]]:
         wait_for(lambda: len(self.ended()) >= count, timeout=timeout, what=f"{count} tasks to end")
@@ -111,6 +129,9 @@ class Scenario:
         for worker in self._workers:
             worker.kill()
         self.observer.delete(self.key)
+        extra = list(self.observer.scan_iter(match=f"{self.key}:*"))
+        if extra:
+            self.observer.delete(*extra)
         try:
             if self.broker_kind == "redis":
                 client = redis.Redis.from_url(self.broker_url)
@@ -151,6 +172,39 @@ class WorkerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    @property
+    def hostname(self) -> str:
+        """The node name the worker answers remote control as (``-n`` with ``%h`` expanded)."""
+        return self.name.replace("%h", socket.gethostname())
+
+    def stats(self, timeout: float = 2.0) -> dict[str, Any] | None:
+        """This worker's ``celery inspect stats`` reply; None if it did not answer within ``timeout``."""
+        inspect = self.scenario.producer.control.inspect(destination=[self.hostname], timeout=timeout, limit=1)
+        replies = inspect.stats() or {}
+        return replies.get(self.hostname)
+
+    def durable_stats(self, timeout: float = 2.0) -> dict[str, Any]:
+        """The ``durable`` section of ``inspect stats``; fails if the worker does not answer."""
+        reply = self.stats(timeout)
+        if reply is None:
+            raise AssertionError(f"{self.hostname} did not answer inspect stats within {timeout}s")
+        return dict(reply["durable"])
+
+    def wait_durable(self, condition: Callable[[dict[str, Any]], Any], *, timeout: float,
+                     what: str) -> dict[str, Any]:
+        """Poll the ``durable`` stats until ``condition(stats)``; fail naming the last stats seen."""
+        seen: list[dict[str, Any]] = []
+
+        def check() -> dict[str, Any] | None:
+            stats = self.durable_stats()
+            seen[:] = [stats]
+            return stats if condition(stats) else None
+
+        try:
+            return wait_for(check, timeout=timeout, what=what, every=0.1)
+        except AssertionError as err:
+            raise AssertionError(f"{err}; last durable stats: {seen[-1] if seen else None}") from None
 
     def wait_ready(self, timeout: float = 30.0) -> WorkerProcess:
         def ready() -> bool:

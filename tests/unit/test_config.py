@@ -1,0 +1,329 @@
+"""DurableConfig: every bad ``durable_*`` value is refused naming its setting; good ones are read."""
+
+from __future__ import annotations
+
+import math
+import pickle
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_durable.config import DEFAULT_QUEUE_SLOTS, DurableConfig, from_celery_conf
+from celery_durable.errors import ConfigInvalid, DurableError, InvariantBroken
+
+NAN = float("nan")
+INF = float("inf")
+
+# Values no count setting may hold.
+BAD_COUNTS = [
+    pytest.param(0, id="zero"),
+    pytest.param(-1, id="negative"),
+    pytest.param(-100, id="very-negative"),
+    pytest.param(1.5, id="fractional"),
+    pytest.param(NAN, id="nan"),
+    pytest.param(INF, id="inf"),
+    pytest.param(-INF, id="minus-inf"),
+    pytest.param("4", id="string"),
+    pytest.param(True, id="bool-true"),
+    pytest.param(False, id="bool-false"),
+    pytest.param([4], id="list"),
+]
+
+# Values no seconds setting may hold.
+BAD_SECONDS = [
+    pytest.param(NAN, id="nan"),
+    pytest.param(INF, id="inf"),
+    pytest.param(-INF, id="minus-inf"),
+    pytest.param(-1, id="negative"),
+    pytest.param(-0.5, id="negative-fraction"),
+    pytest.param("1", id="string"),
+    pytest.param(True, id="bool"),
+    pytest.param([1.0], id="list"),
+]
+
+SECONDS_SETTINGS = [
+    "durable_safety_interval",
+    "durable_restore_interval",
+    "durable_drain_timeout",
+    "durable_idle_poll_interval",
+]
+
+
+def refused(conf: dict[str, Any]) -> ConfigInvalid:
+    with pytest.raises(ConfigInvalid) as caught:
+        from_celery_conf(conf)
+    return caught.value
+
+
+def assert_names(err: ConfigInvalid, setting: str) -> None:
+    assert err.setting is not None
+    assert err.setting.startswith(setting), err.setting
+    assert setting in str(err), str(err)
+    assert err.code == "durable.config.invalid"
+
+
+# -- counts -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", BAD_COUNTS)
+def test_bad_max_in_flight_is_refused(value):
+    err = refused({"durable_max_in_flight": value})
+    assert_names(err, "durable_max_in_flight")
+    assert err.setting == "durable_max_in_flight"
+    assert repr(value) in str(err)
+
+
+@pytest.mark.parametrize("value", [*BAD_COUNTS, pytest.param(3 + 0j, id="complex")])
+def test_bad_queue_concurrency_is_refused(value):
+    err = refused({"durable_queue_concurrency": value})
+    assert_names(err, "durable_queue_concurrency")
+    assert err.setting == "durable_queue_concurrency"
+
+
+@pytest.mark.parametrize("value", [*BAD_COUNTS, pytest.param(None, id="none")])
+def test_bad_slots_for_one_queue_are_refused_naming_the_queue(value):
+    err = refused({"durable_queue_concurrency": {"good": 2, "reports": value}})
+    assert_names(err, "durable_queue_concurrency")
+    assert "reports" in err.setting
+    assert "reports" in str(err)
+
+
+@pytest.mark.parametrize(
+    "key", [pytest.param(1, id="int"), pytest.param(None, id="none"), pytest.param("", id="empty"),
+            pytest.param(("a",), id="tuple")],
+)
+def test_a_queue_slots_key_that_is_not_a_queue_name_is_refused(key):
+    err = refused({"durable_queue_concurrency": {key: 2}})
+    assert_names(err, "durable_queue_concurrency")
+    assert repr(key) in str(err)
+
+
+# -- seconds ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("setting", SECONDS_SETTINGS)
+@pytest.mark.parametrize("value", BAD_SECONDS)
+def test_bad_seconds_are_refused(setting, value):
+    err = refused({setting: value})
+    assert_names(err, setting)
+    assert err.setting == setting
+
+
+@pytest.mark.parametrize(
+    "setting", [s for s in SECONDS_SETTINGS if s != "durable_drain_timeout"]
+)
+def test_zero_seconds_is_refused_for_intervals(setting):
+    err = refused({setting: 0})
+    assert_names(err, setting)
+
+
+def test_zero_drain_timeout_is_allowed():
+    assert from_celery_conf({"durable_drain_timeout": 0}).drain_timeout == 0
+
+
+# -- the other settings ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "setting, value",
+    [
+        ("durable_execution", "gevent"),
+        ("durable_execution", "Threads"),
+        ("durable_execution", 1),
+        ("durable_metrics_port", 0),
+        ("durable_metrics_port", 65536),
+        ("durable_metrics_port", "9100"),
+        ("durable_metrics_port", True),
+        ("durable_metrics_port", NAN),
+        ("durable_metrics_host", ""),
+        ("durable_metrics_host", 127),
+    ],
+)
+def test_other_bad_settings_are_refused(setting, value):
+    err = refused({setting: value})
+    assert_names(err, setting)
+    assert err.setting == setting
+
+
+@pytest.mark.parametrize(
+    "key", ["durable_max_inflight", "durable_queue_concurency", "durable_", "durable_MAX_IN_FLIGHT"]
+)
+def test_an_unknown_durable_setting_is_refused_naming_it(key):
+    err = refused({key: 4, "durable_max_in_flight": 2})
+    assert err.setting == key
+    assert key in str(err)
+
+
+def test_the_first_unknown_setting_is_named_when_there_are_several():
+    err = refused({"durable_zzz": 1, "durable_aaa": 1})
+    assert err.setting == "durable_aaa"
+
+
+def test_settings_without_the_prefix_are_not_ours_to_refuse():
+    assert from_celery_conf({"worker_prefetch_multiplier": 4, "broker_url": "x", 3: 4}) == DurableConfig()
+
+
+# -- good values -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "conf, expected",
+    [
+        pytest.param({}, DurableConfig(), id="nothing-set"),
+        pytest.param({"durable_max_in_flight": None}, DurableConfig(max_in_flight=None), id="no-cap"),
+        pytest.param({"durable_max_in_flight": 1}, DurableConfig(max_in_flight=1), id="cap-1"),
+        pytest.param({"durable_max_in_flight": 16}, DurableConfig(max_in_flight=16), id="cap-16"),
+        pytest.param({"durable_queue_concurrency": 3}, DurableConfig(default_queue_slots=3),
+                     id="slots-for-every-queue"),
+        pytest.param({"durable_queue_concurrency": None}, DurableConfig(), id="slots-unset"),
+        pytest.param({"durable_queue_concurrency": {"reports": 2}},
+                     DurableConfig(queue_slots={"reports": 2}), id="slots-per-queue"),
+        pytest.param({"durable_queue_concurrency": {}}, DurableConfig(), id="slots-empty-dict"),
+        pytest.param({"durable_execution": "threads"}, DurableConfig(execution="threads"), id="threads"),
+        pytest.param(
+            {"durable_safety_interval": 2, "durable_restore_interval": 0.5,
+             "durable_drain_timeout": 0, "durable_idle_poll_interval": 0.01},
+            DurableConfig(safety_interval=2.0, restore_interval=0.5, drain_timeout=0.0,
+                          idle_poll_interval=0.01),
+            id="seconds",
+        ),
+        pytest.param({"durable_metrics_port": 9100, "durable_metrics_host": "0.0.0.0"},
+                     DurableConfig(metrics_port=9100, metrics_host="0.0.0.0"), id="metrics"),
+        pytest.param({"durable_metrics_port": 65535}, DurableConfig(metrics_port=65535), id="top-port"),
+        pytest.param({"durable_database_url": "sqlite://"}, DurableConfig(), id="database-url-accepted"),
+    ],
+)
+def test_good_values_are_read(conf, expected):
+    assert from_celery_conf(conf) == expected
+
+
+def test_slots_for_uses_the_named_slots_then_the_default():
+    config = from_celery_conf({"durable_queue_concurrency": {"reports": 2}})
+    assert config.slots_for("reports") == 2
+    assert config.slots_for("default") == DEFAULT_QUEUE_SLOTS
+    config = from_celery_conf({"durable_queue_concurrency": 3})
+    assert config.slots_for("anything") == 3
+
+
+def test_read_from_a_real_celery_app_conf():
+    app = Celery("config-test", set_as_current=False)
+    app.conf.update(durable_max_in_flight=4, durable_queue_concurrency={"reports": 2},
+                    durable_drain_timeout=5)
+    config = from_celery_conf(app.conf)
+    assert config == DurableConfig(max_in_flight=4, queue_slots={"reports": 2}, drain_timeout=5.0)
+
+
+def test_a_real_celery_app_conf_with_a_typo_is_refused():
+    app = Celery("config-test", set_as_current=False)
+    app.conf.update(durable_max_inflight=4)
+    with pytest.raises(ConfigInvalid) as caught:
+        from_celery_conf(app.conf)
+    assert caught.value.setting == "durable_max_inflight"
+
+
+def test_the_queue_slots_read_do_not_follow_later_changes_to_the_conf():
+    slots = {"reports": 2}
+    config = from_celery_conf({"durable_queue_concurrency": slots})
+    slots["reports"] = 0
+    assert config.slots_for("reports") == 2
+
+
+# -- check_queues -------------------------------------------------------------------------------------
+
+def test_check_queues_refuses_slots_for_a_queue_not_consumed():
+    config = from_celery_conf({"durable_queue_concurrency": {"reports": 2, "nope": 1}})
+    with pytest.raises(ConfigInvalid) as caught:
+        config.check_queues(["default", "reports"])
+    err = caught.value
+    assert err.setting == "durable_queue_concurrency"
+    assert "nope" in str(err)
+    assert "does not consume: nope (" in str(err)
+
+
+@pytest.mark.parametrize(
+    "slots, consumed",
+    [
+        ({"reports": 2}, ["default", "reports"]),
+        ({"reports": 2}, ("reports",)),
+        ({}, ["default"]),
+        ({}, []),
+    ],
+)
+def test_check_queues_accepts_slots_for_consumed_queues(slots, consumed):
+    DurableConfig(queue_slots=slots).check_queues(consumed)
+
+
+def test_check_queues_accepts_a_generator():
+    DurableConfig(queue_slots={"a": 1}).check_queues(q for q in ["a", "b"])
+
+
+# -- direct construction --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "kwargs, setting",
+    [
+        ({"max_in_flight": 0}, "durable_max_in_flight"),
+        ({"max_in_flight": 2.5}, "durable_max_in_flight"),
+        ({"max_in_flight": True}, "durable_max_in_flight"),
+        ({"default_queue_slots": 0}, "durable_queue_concurrency"),
+        ({"default_queue_slots": None}, "durable_queue_concurrency"),
+        ({"queue_slots": {"a": -1}}, "durable_queue_concurrency"),
+        ({"queue_slots": {2: 1}}, "durable_queue_concurrency"),
+        ({"queue_slots": None}, "durable_queue_concurrency"),
+        ({"queue_slots": [("a", 1)]}, "durable_queue_concurrency"),
+        ({"execution": None}, "durable_execution"),
+        ({"safety_interval": None}, "durable_safety_interval"),
+        ({"restore_interval": 0}, "durable_restore_interval"),
+        ({"drain_timeout": math.nan}, "durable_drain_timeout"),
+        ({"idle_poll_interval": -0.1}, "durable_idle_poll_interval"),
+        ({"metrics_port": -1}, "durable_metrics_port"),
+        ({"metrics_host": None}, "durable_metrics_host"),
+    ],
+)
+def test_direct_construction_with_a_broken_invariant_raises(kwargs, setting):
+    with pytest.raises(ConfigInvalid) as caught:
+        DurableConfig(**kwargs)
+    assert_names(caught.value, setting)
+
+
+def test_a_direct_config_does_not_follow_later_changes_to_the_dict_it_was_given():
+    # Validated once at construction: the caller's dict must not be able to
+    # put a 0 behind the validation's back.
+    slots = {"reports": 2}
+    config = DurableConfig(queue_slots=slots)
+    slots["reports"] = 0
+    slots["other"] = -1
+    assert config.slots_for("reports") == 2
+    assert dict(config.queue_slots) == {"reports": 2}
+
+
+def test_config_is_frozen():
+    config = DurableConfig()
+    with pytest.raises(AttributeError):
+        config.max_in_flight = 0  # type: ignore[misc]
+
+
+# -- errors cross processes ------------------------------------------------------------------------------------
+
+def test_config_invalid_survives_a_pickle_round_trip():
+    err = refused({"durable_max_in_flight": 0})
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is ConfigInvalid
+    assert back.setting == err.setting == "durable_max_in_flight"
+    assert back.problem == err.problem
+    assert str(back) == str(err)
+    assert back.code == "durable.config.invalid"
+    assert isinstance(back, DurableError)
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_config_invalid_pickles_under_every_protocol(protocol):
+    err = ConfigInvalid("durable_queue_concurrency['a']", "must be a whole number >= 1, got 0")
+    back = pickle.loads(pickle.dumps(err, protocol=protocol))
+    assert (type(back), back.setting, back.problem, str(back)) == (
+        ConfigInvalid, err.setting, err.problem, str(err))
+
+
+def test_other_durable_errors_survive_a_pickle_round_trip():
+    err = InvariantBroken("room must be >= 0 or None, got -1")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is InvariantBroken
+    assert str(back) == str(err)
+    assert back.setting is None
