@@ -65,6 +65,7 @@ class Claimer:
         held: HeldRuns,
         accept: Any,
         schedule: Callable[[Callable[[], None]], None],
+        stop_requested: Callable[[], bool] = lambda: False,
         on_admitted: Callable[[HeldRun], None] | None = None,
     ) -> None:
         self._connection = connection
@@ -72,6 +73,7 @@ class Claimer:
         self.held = held
         self._accept = accept
         self._schedule = schedule
+        self._stop_requested = stop_requested
         self._on_admitted = on_admitted
         self.handler: Callable[[Any], Any] | None = None
         self.cursor: str | None = None
@@ -87,6 +89,12 @@ class Claimer:
         self.last_pass_at = 0.0
 
     # -- lifecycle -----------------------------------------------------------
+    @property
+    def claiming(self) -> bool:
+        # A SIGTERM sets Celery's shutdown flag from the signal handler while a
+        # pass may be mid-way: the next ask sees it, not only the next pass.
+        return self.running and not self._stop_requested()
+
     def start(self) -> None:
         self._claim_channel = self._connection.channel()
         self.running = True
@@ -117,7 +125,7 @@ class Claimer:
 
     # -- the pass --------------------------------------------------------------
     def run_pass(self) -> int:
-        if not self.running or self.handler is None:
+        if not self.claiming or self.handler is None:
             return 0
         # A wait still armed could deliver beside the pass's asks and overshoot
         # the room read below; cancelling it first may itself admit one
@@ -130,14 +138,14 @@ class Claimer:
         sweep = begin_sweep(order, {q: free.get(q, 0) for q in order}, room, self.cursor)
         self.passes += 1
         self.last_pass_at = monotonic()
-        while self.running:
+        while self.claiming:
             ask, sweep = next_ask(sweep)
             if ask is None:
                 break
             got = self._fetch(queues[ask.queue], ask.count)
             sweep = record(sweep, ask, got)
         self.cursor = sweep.cursor
-        if self.running and self.held.room() > 0:
+        if self.claiming and self.held.room() > 0:
             # Every queue with a free slot gave less than it was asked for: wait
             # on all of them at once instead of polling.
             self._arm_idle_wait(queues)
@@ -146,7 +154,7 @@ class Claimer:
     def _fetch(self, queue: Any, count: int) -> int:
         bound = queue(self._claim_channel)
         got = 0
-        while got < count and self.running:
+        while got < count and self.claiming:
             message = bound.get(no_ack=False, accept=self._accept)
             if message is None:
                 break

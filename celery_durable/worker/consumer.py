@@ -22,6 +22,11 @@ from .redis_restore import RedisRestorer
 logger = logging.getLogger(__name__)
 
 
+def _shutdown_requested() -> bool:
+    # Set by Celery's signal handlers (to an exit code, which may be 0).
+    return worker_state.should_stop is not None or worker_state.should_terminate is not None
+
+
 class _ClaimingTaskConsumer:
     """Stands in for the task consumer Celery's loop starts: it claims instead of consuming.
 
@@ -144,6 +149,7 @@ class DurableConsumer(Consumer):
             held=self.held,
             accept=self.app.conf.accept_content,
             schedule=schedule,
+            stop_requested=_shutdown_requested,
         )
         self.claimer = claimer
         restorer = RedisRestorer.for_connection(connection, self.durable_config.restore_interval)
