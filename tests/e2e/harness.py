@@ -117,11 +117,12 @@ class Scenario:
 
     # -- workers ---------------------------------------------------------------------
     def worker(self, *, conf: dict[str, Any] | None = None, queues: Sequence[str] | None = None,
-               pool: str = "durable", concurrency: int | None = 2,
-               extra_args: Sequence[str] = ()) -> WorkerProcess:
+               pool: str | None = "durable", concurrency: int | None = 2,
+               extra_args: Sequence[str] = (), app: str = "tests.e2e.e2eapp") -> WorkerProcess:
+        """``pool=None`` leaves out ``-P`` (the app's ``worker_pool`` decides)."""
         names = list(queues) if queues is not None else list(self.queue_names)
         worker = WorkerProcess(self, [self.by_name[n] for n in names], conf or {}, pool,
-                               concurrency, list(extra_args))
+                               concurrency, list(extra_args), app=app)
         self._workers.append(worker)
         return worker
 
@@ -146,10 +147,11 @@ class Scenario:
 
 
 class WorkerProcess:
-    """A ``celery -A tests.e2e.e2eapp worker`` subprocess."""
+    """A ``celery -A tests.e2e.e2eapp worker`` subprocess (or of another ``app`` module)."""
 
-    def __init__(self, scenario: Scenario, queues: list[str], conf: dict[str, Any], pool: str,
-                 concurrency: int | None, extra_args: list[str]) -> None:
+    def __init__(self, scenario: Scenario, queues: list[str], conf: dict[str, Any], pool: str | None,
+                 concurrency: int | None, extra_args: list[str], *,
+                 app: str = "tests.e2e.e2eapp") -> None:
         self.scenario = scenario
         self.name = f"w{uuid.uuid4().hex[:6]}@%h"
         self.log_path = Path(os.environ.get("E2E_LOG_DIR", "/tmp")) / f"e2e-{uuid.uuid4().hex[:8]}.log"
@@ -162,8 +164,8 @@ class WorkerProcess:
             E2E_OBSERVE=OBSERVE_URL,
             PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
         )
-        args = [sys.executable, "-m", "celery", "-A", "tests.e2e.e2eapp", "worker",
-                "-P", pool, "-Q", ",".join(queues), "-n", self.name,
+        args = [sys.executable, "-m", "celery", "-A", app, "worker",
+                *(["-P", pool] if pool is not None else []), "-Q", ",".join(queues), "-n", self.name,
                 "--without-mingle", "--without-gossip", "-l", "info", *extra_args]
         if concurrency is not None:
             args += ["-c", str(concurrency)]

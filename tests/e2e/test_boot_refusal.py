@@ -1,0 +1,132 @@
+"""A real ``celery worker -P durable``: bad settings refuse the boot in one line; the pool resolves however named."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.e2e.harness import Scenario, WorkerProcess, wait_for
+from tests.services import broker_url
+
+NAN = float("nan")
+INF = float("inf")
+
+
+@pytest.fixture
+def broker() -> tuple[str, str]:
+    # Boot checks happen before any broker traffic: one broker keeps this file fast.
+    return "redis", broker_url("redis")
+
+
+def wait_exit(worker: WorkerProcess, timeout: float = 60.0) -> int:
+    wait_for(lambda: worker.process.poll() is not None, timeout=timeout,
+             what=f"the worker to exit; log so far:\n{worker.log()[-3000:]}", every=0.05)
+    return worker.process.returncode
+
+
+Conf = Callable[[Scenario], dict[str, Any]]
+
+
+def const(conf: dict[str, Any]) -> Conf:
+    return lambda s: conf
+
+
+REFUSED: list[Any] = [
+    pytest.param(const({"durable_max_in_flight": 0}), "durable_max_in_flight", "got 0", id="cap-0"),
+    pytest.param(const({"durable_max_in_flight": -1}), "durable_max_in_flight", "got -1", id="cap-negative"),
+    pytest.param(const({"durable_max_in_flight": 1.5}), "durable_max_in_flight", "got 1.5", id="cap-fraction"),
+    pytest.param(const({"durable_max_in_flight": "4"}), "durable_max_in_flight", "got '4'", id="cap-string"),
+    pytest.param(const({"durable_max_in_flight": True}), "durable_max_in_flight", "got True", id="cap-bool"),
+    # json.dumps writes NaN and Infinity literals, which the app's json.loads reads back as floats.
+    pytest.param(const({"durable_max_in_flight": NAN}), "durable_max_in_flight", "got nan", id="cap-nan"),
+    pytest.param(const({"durable_max_in_flight": INF}), "durable_max_in_flight", "got inf", id="cap-inf"),
+    pytest.param(const({"durable_queue_concurrency": 0}), "durable_queue_concurrency", "got 0", id="slots-0"),
+    pytest.param(const({"durable_queue_concurrency": {"nope": 2}}), "durable_queue_concurrency",
+                 "does not consume: nope", id="slots-for-a-queue-not-consumed"),
+    pytest.param(lambda s: {"durable_queue_concurrency": {s.by_name["a"]: 0}}, "durable_queue_concurrency",
+                 "got 0", id="slots-0-for-a-consumed-queue"),
+    pytest.param(lambda s: {"durable_queue_concurrency": {s.by_name["a"]: "2"}}, "durable_queue_concurrency",
+                 "got '2'", id="slots-string-for-a-consumed-queue"),
+    pytest.param(const({"durable_drain_timeout": -1}), "durable_drain_timeout", "got -1", id="drain-negative"),
+    pytest.param(const({"durable_safety_interval": NAN}), "durable_safety_interval", "got nan",
+                 id="safety-interval-nan"),
+    pytest.param(const({"durable_execution": "gevent"}), "durable_execution", "'gevent'", id="execution"),
+    pytest.param(const({"durable_max_inflight": 4}), "durable_max_inflight", "not a celery_durable setting",
+                 id="unknown-setting"),
+]
+
+
+def assert_refused(s: Scenario, worker: WorkerProcess, setting: str, problem: str) -> None:
+    code = wait_exit(worker)
+    log = worker.log()
+    assert code > 0, f"exit code {code} (negative: killed by a signal, not a refusal)\n{log[-3000:]}"
+    assert setting in log, log[-3000:]
+    assert problem in log, log[-3000:]
+    assert "durable.config.invalid" in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    assert " ready." not in log, log[-3000:]
+    # It refused before claiming: what was waiting is still in the broker.
+    assert s.broker_depth("a") == 1
+
+
+@pytest.mark.parametrize("conf, setting, problem", REFUSED)
+def test_a_bad_setting_refuses_the_boot_naming_it(scenario, conf, setting, problem):
+    s = scenario(["a", "b"])
+    s.send("a", "waiting")
+    worker = s.worker(conf=conf(s))
+    assert_refused(s, worker, setting, problem)
+
+
+def test_a_bad_setting_refuses_the_boot_when_worker_pool_names_the_pool(scenario):
+    s = scenario(["a"])
+    s.send("a", "waiting")
+    worker = s.worker(conf={"worker_pool": "durable", "durable_max_in_flight": 0}, pool=None)
+    assert_refused(s, worker, "durable_max_in_flight", "got 0")
+
+
+def test_a_bad_setting_refuses_the_boot_of_an_app_that_never_imports_celery_durable(scenario):
+    s = scenario(["a"])
+    s.send("a", "waiting")
+    worker = s.worker(conf={"durable_max_in_flight": 0}, app="tests.e2e.plainapp")
+    assert_refused(s, worker, "durable_max_in_flight", "got 0")
+
+
+def test_bad_settings_do_not_refuse_a_worker_on_another_pool(scenario):
+    # durable_* settings are ours to check only on -P durable: a prefork worker of the
+    # same app must not be refused over them.
+    s = scenario(["a"])
+    s.send("a", "ran")
+    worker = s.worker(conf={"durable_max_in_flight": 0}, pool="solo").wait_ready()
+    s.wait_ended(1)
+    assert "durable.config.invalid" not in worker.log()
+    assert "durable.worker.capacity" not in worker.log()
+    assert worker.terminate() == 0
+
+
+def assert_durable_and_working(s: Scenario, worker: WorkerProcess) -> None:
+    worker.wait_ready()
+    wait_for(lambda: "durable.worker.capacity" in worker.log(), timeout=30,
+             what="the durable capacity line")
+    for i in range(3):
+        s.send("a", f"t{i}")
+    ended = s.wait_ended(3, timeout=60)
+    assert sorted(e["label"] for e in ended) == ["t0", "t1", "t2"]
+    log = worker.log()
+    assert "Traceback" not in log, log[-3000:]
+    assert worker.terminate() == 0
+
+
+def test_worker_pool_durable_in_the_conf_boots_the_durable_pool_without_dash_p(scenario):
+    s = scenario(["a"])
+    worker = s.worker(conf={"worker_pool": "durable", "durable_max_in_flight": 1}, pool=None)
+    assert_durable_and_working(s, worker)
+    assert "durable.worker.capacity capacity=1 max_in_flight=1" in worker.log()
+
+
+def test_dash_p_durable_works_for_an_app_that_never_imports_celery_durable(scenario):
+    s = scenario(["a"])
+    worker = s.worker(conf={"durable_max_in_flight": 1}, app="tests.e2e.plainapp")
+    assert_durable_and_working(s, worker)
+    assert "durable.worker.capacity capacity=1 max_in_flight=1" in worker.log()
