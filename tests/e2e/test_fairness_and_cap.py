@@ -35,3 +35,31 @@ def test_cap_of_five_holds_and_the_broker_keeps_what_has_not_started(scenario):
     s.wait_ended(200, timeout=120)
     assert s.max_concurrency() == 5
     assert worker.terminate() == 0
+
+
+def test_thread_execution_keeps_the_cap_and_the_turns(scenario):
+    s = scenario(["a", "b", "c"])
+    for i in range(4):
+        for name in ("a", "b", "c"):
+            s.send(name, f"{name}{i}", 0.05)
+    conf = {"durable_max_in_flight": 1, "durable_execution": "threads"}
+    worker = s.worker(conf=conf, concurrency=4).wait_ready()
+    s.wait_ended(12)
+    order = [e["label"][0] for e in sorted(s.started(), key=lambda e: e["t"])]
+    assert order == list("abc" * 4), order
+    assert s.max_concurrency() == 1
+    # Threads run in the worker's own process; prefork would show child pids.
+    assert {e["pid"] for e in s.started()} == {worker.process.pid}
+    assert worker.terminate() == 0
+
+
+def test_thread_execution_cap_of_three_reaches_three_and_never_more(scenario):
+    s = scenario(["work"])
+    for i in range(30):
+        s.send("work", f"t{i}", 0.1)
+    conf = {"durable_max_in_flight": 3, "durable_execution": "threads"}
+    worker = s.worker(conf=conf, concurrency=8).wait_ready()
+    s.wait_ended(30, timeout=60)
+    assert s.max_concurrency() == 3
+    assert {e["pid"] for e in s.started()} == {worker.process.pid}
+    assert worker.terminate() == 0

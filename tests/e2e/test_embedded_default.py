@@ -1,0 +1,22 @@
+"""The README's main job: the example app on the embedded default broker, no servers needed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.e2e.harness import REPO
+
+
+def test_the_demo_runs_tasks_on_the_embedded_sqlite_broker(tmp_path):
+    env = dict(os.environ)
+    # The embedded default, in a folder of the test's own so runs do not share a broker file.
+    env["DURABLE_BROKER_URL"] = f"sqla+sqlite:///{tmp_path}/broker.sqlite"
+    env["DURABLE_RESULT_URL"] = f"db+sqlite:///{tmp_path}/results.sqlite"
+    done = subprocess.run([sys.executable, "examples/demo.py"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ran 34 tasks on 3 queues" in done.stdout
+    assert "durable.worker.capacity capacity=4" in done.stdout
+    assert "exited 0" in done.stdout
