@@ -52,7 +52,18 @@ class Drain:
         if not left:
             logger.info("durable.drain.finished")
             return
-        logger.warning("durable.drain.deadline held=%s: handing them back to the broker", len(left))
+        if self._consumer.durable_config.execution == "threads":
+            # A thread cannot be stopped: handing back a run that is running
+            # would run it twice. Only runs that have not started go back;
+            # the pool then waits for the running ones, as stock Celery does.
+            running = [run for run in left if _started(run)]
+            left = [run for run in left if not _started(run)]
+            if running:
+                logger.warning(
+                    "durable.drain.threads_running held=%s: threads cannot be stopped; "
+                    "waiting for them to return", len(running),
+                )
+        logger.warning("durable.drain.deadline handing back=%s to the broker", len(left))
         for run in left:
             self._hand_back(run)
 
@@ -96,6 +107,10 @@ class Drain:
                 retry=True,
                 **{k: v for k, v in properties.items() if k in ("correlation_id", "reply_to", "priority")},
             )
+
+
+def _started(run: HeldRun) -> bool:
+    return run.request is not None and getattr(run.request, "time_start", None) is not None
 
 
 def run_queue_fallback(message: Any) -> str:

@@ -12,6 +12,8 @@ from celery.concurrency.thread import TaskPool as ThreadTaskPool
 class RunListener(Protocol):
     """What the pool tells about a run the consumer handed it."""
 
+    def run_pooled(self, request: Any) -> None: ...
+
     def run_finished(self, request: Any) -> None: ...
 
     def is_handed_back(self, request: Any) -> bool: ...
@@ -36,6 +38,9 @@ class DurablePoolMixin:
         if listener is not None and request is not None:
             options["callback"] = _then_release(callback, listener, request)
             options["error_callback"] = _then_release(options.get("error_callback"), listener, request)
+            # From here the callbacks above give the count back (a terminate
+            # revoke included): the revoke signal must not give it back too.
+            listener.run_pooled(request)
         return super().apply_async(target, args, kwargs, **options)  # type: ignore[misc]
 
     def on_stop(self) -> None:
@@ -76,6 +81,6 @@ class DurableThreadPool(DurablePoolMixin, ThreadTaskPool):
             return
         drain.start()
         drain.join()
-        # A thread cannot be killed: runs handed back at the deadline keep
-        # running until they return, but nothing waits for them here.
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        # Runs not yet started were handed back: cancel them here; the running
+        # ones (a thread cannot be killed) are waited for.
+        self.executor.shutdown(wait=True, cancel_futures=True)

@@ -120,3 +120,20 @@ def test_sigterm_deadline_hands_unfinished_runs_back_without_burning_an_attempt(
     reruns = s.started()[2:]
     assert [e["retries"] for e in reruns] == [0, 0], "the hand-back burned an attempt"
     assert again.terminate() == 0
+
+
+def test_thread_drain_hands_back_what_has_not_started_and_waits_for_running_threads(scenario):
+    s = scenario(["q"])
+    for i in range(2):
+        s.send("q", f"running{i}", 2.0)
+    # An ETA far enough away that it is still waiting at the deadline: held, not started.
+    s.send("q", "waiting", 0.0, countdown=30)
+    conf = {"durable_max_in_flight": 3, "durable_drain_timeout": 0.5, "durable_execution": "threads"}
+    worker = s.worker(conf=conf, concurrency=3).wait_ready()
+    wait_for(lambda: len(s.started()) >= 2, timeout=20, what="both runs to start")
+    wait_for(lambda: s.broker_depth("q") == 0, timeout=10, what="the ETA message to be claimed")
+    assert worker.terminate(timeout=30) == 0
+    # The running threads were waited for, not handed back (that would run them twice)...
+    assert sorted(e["label"] for e in s.ended()) == ["running0", "running1"]
+    # ...and the run that had not started went back to the broker.
+    wait_for(lambda: s.broker_depth("q") == 1, timeout=10, what="the waiting run back in the broker")
