@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps, signals
@@ -31,11 +32,13 @@ class _ClaimingTaskConsumer:
     """Stands in for the task consumer Celery's loop starts: it claims instead of consuming.
 
     The loop sets ``on_message`` to the task handler and calls ``consume()``
-    once the hub is registered; both go to the claimer.
+    once the hub is registered; both go to the claimer. The handler is wrapped
+    so ``settle(message)`` runs once Celery's strategy has returned.
     """
 
-    def __init__(self, claimer: Claimer) -> None:
+    def __init__(self, claimer: Claimer, settle: Callable[[Any], None] | None = None) -> None:
         self._claimer = claimer
+        self._settle = settle
 
     @property
     def on_message(self) -> Any:
@@ -43,7 +46,18 @@ class _ClaimingTaskConsumer:
 
     @on_message.setter
     def on_message(self, handler: Any) -> None:
-        self._claimer.handler = handler
+        settle = self._settle
+        if handler is None or settle is None:
+            self._claimer.handler = handler
+            return
+
+        def on_task_message(message: Any) -> Any:
+            try:
+                return handler(message)
+            finally:
+                settle(message)
+
+        self._claimer.handler = on_task_message
 
     def consume(self) -> None:
         self._claimer.start()
@@ -62,7 +76,7 @@ def durable_loop(
 ) -> None:
     """The consumer's loop: Celery's own with a hub, a short polling loop without one."""
     claimer = obj.new_claimer(connection, hub)
-    stand_in = _ClaimingTaskConsumer(claimer)
+    stand_in = _ClaimingTaskConsumer(claimer, obj.settle_dropped)
     try:
         if hub is not None:
             asynloop(obj, connection, stand_in, blueprint, hub, qos, heartbeat, clock, hbrate)
@@ -182,8 +196,39 @@ class DurableConsumer(Consumer):
             self.claimer.bind_request(request)
 
     def _on_task_revoked(self, sender: Any = None, request: Any = None, **_: Any) -> None:
-        if request is not None:
-            self.run_finished(request)
+        # ``request`` is the task's Context, not the worker request (Celery's
+        # Request._announce_revoked sends ``request=self._context``). A request
+        # revoked before the pool got it (its ETA fired, its rate-limit token
+        # came, or it was discarded at execute_using_pool) has no other way
+        # back; one the pool has is given back by the pool's callback; one the
+        # strategy discarded before binding is given back by the claimer.
+        if request is None:
+            return
+        run = self.held.find_revoked(request)
+        if run is not None and not run.in_pool:
+            self.run_finished(run.request)
+
+    def settle_dropped(self, message: Any) -> None:
+        """Give back the count of a request the strategy settled itself, after binding it.
+
+        Celery's strategy sends ``task_received`` (binding the request to its
+        count) before it routes the request; when it then cannot schedule it
+        (an ETA that overflows the system time zone) it rejects the message
+        and returns: no pool callback and no revoke signal will ever come. A
+        request still held once the strategy returned is waiting for its ETA
+        or a rate-limit token, or is in the pool; one already acknowledged or
+        rejected and not in the pool is finished.
+        """
+        run = self.held.find(message)
+        if run is None or run.request is None or run.in_pool:
+            return
+        if getattr(run.request, "acknowledged", False):
+            self.run_finished(run.request)
+
+    def run_pooled(self, request: Any) -> None:
+        run = self.held.find(request.message)
+        if run is not None:
+            run.in_pool = True
 
     def run_finished(self, request: Any) -> None:
         if self.held.give_back(request.message) is not None and self.claimer is not None:

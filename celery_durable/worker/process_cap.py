@@ -20,6 +20,9 @@ class HeldRun:
     #: Set at the drain deadline: the message went back to the broker, so the
     #: pool's late callbacks for it must not ack it or record a failure.
     handed_back: bool = False
+    #: Set when the pool is given the request: from then on the pool's
+    #: callback gives the count back, whatever else happens to the request.
+    in_pool: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -64,6 +67,25 @@ class HeldRuns:
     def find(self, message: Any) -> HeldRun | None:
         with self._lock:
             return self._runs.get(id(message))
+
+    def find_revoked(self, context: Any) -> HeldRun | None:
+        """The held run a ``task_revoked`` signal is about, or None.
+
+        Celery sends that signal with the task's ``Context`` (the worker
+        request's cached ``_context``), not the worker request. The run whose
+        request cached that very Context is the one; failing that (a Celery
+        that stops caching it), the one bound run with that task id that
+        never reached the pool.
+        """
+        with self._lock:
+            bound = [run for run in self._runs.values() if run.request is not None]
+        for run in bound:
+            if getattr(run.request, "__dict__", {}).get("_context") is context:
+                return run
+        task_id = getattr(context, "id", None)
+        candidates = [run for run in bound
+                      if not run.in_pool and task_id is not None and getattr(run.request, "id", None) == task_id]
+        return candidates[0] if len(candidates) == 1 else None
 
     def give_back(self, message: Any) -> HeldRun | None:
         """Return the count of ``message``'s run; None if it was already returned."""

@@ -99,3 +99,12 @@ def reject(self: Any, label: str) -> None:
     observe("start", label, id=self.request.id, queue=_queue_of(self))
     observe("reject", label, id=self.request.id, queue=_queue_of(self))
     raise Reject("e2e rejects this message", requeue=False)
+
+
+@app.task(name="e2e.limited_slow", bind=True, rate_limit="30/m")
+def limited_slow(self: Any, label: str) -> str:
+    """Rate-limited to one every 2 seconds in each worker: the second waits in its token bucket."""
+    queue = _queue_of(self)
+    observe("start", label, id=self.request.id, queue=queue)
+    observe("end", label, id=self.request.id, queue=queue)
+    return label
