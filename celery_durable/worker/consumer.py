@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from time import monotonic
 from collections.abc import Callable
 from typing import Any
 
@@ -180,8 +181,6 @@ class DurableConsumer(Consumer):
 
     def run_scheduled(self) -> None:
         """Run kicks queued from other threads (no-hub mode only), then due timers."""
-        from time import monotonic
-
         while self._scheduled:
             self._scheduled.pop(0)()
         now = monotonic()
@@ -268,6 +267,16 @@ class DurableConsumer(Consumer):
         if self.claimer is not None:
             self.claimer.stop()
         super().stop()
+
+    def on_close(self) -> None:
+        # On a lost connection Celery drops every request the pool does not
+        # have yet (ETA-waiting, rate-limited): their messages can no longer be
+        # acked and the broker delivers them again. Their counts go with them,
+        # or a reconnected worker would stay full of runs that will never end.
+        super().on_close()
+        for run in self.held.snapshot():
+            if not run.in_pool:
+                self.held.give_back(run.message)
 
     def durable_stats(self) -> dict[str, Any]:
         config = self.durable_config

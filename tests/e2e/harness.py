@@ -53,6 +53,15 @@ class Scenario:
         self.producer.conf.broker_connection_retry_on_startup = True
         self._workers: list[WorkerProcess] = []
 
+    def reconnect_producer(self) -> None:
+        """A fresh producer app, for after the broker closed every connection."""
+        from kombu import pools
+
+        # kombu pools connections process-wide by URL: drop the dead ones.
+        pools.reset()
+        self.producer = Celery("e2e-producer", broker=self.broker_url)
+        self.producer.conf.broker_connection_retry_on_startup = True
+
     # -- sending ---------------------------------------------------------------
     def send(self, queue_name: str, label: str, seconds: float = 0.0, **options: Any) -> str:
         result = self.producer.send_task(
