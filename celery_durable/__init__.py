@@ -2,19 +2,43 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from .config import DurableConfig, from_celery_conf
-from .errors import ConfigInvalid, DurableError, InvariantBroken
+from .context import sleep, step
+from .durable import DurableTask, durable_task
+from .errors import (
+    ConfigInvalid,
+    DurableError,
+    InvariantBroken,
+    NotDurable,
+    NotJSON,
+    RunNotDead,
+    RunNotFound,
+    SchemaOutdated,
+    StepNameInvalid,
+    StoreUnavailable,
+)
 from .worker.boot import register as _register_pool
 
 __all__ = [
     "ConfigInvalid",
     "DurableConfig",
     "DurableError",
+    "DurableTask",
     "InvariantBroken",
+    "NotDurable",
+    "NotJSON",
+    "RunNotDead",
+    "RunNotFound",
+    "SchemaOutdated",
+    "StepNameInvalid",
+    "StoreUnavailable",
     "from_celery_conf",
     "install",
+    "sleep",
+    "step",
 ]
 
 __version__ = "0.1.0"
@@ -25,10 +49,13 @@ _register_pool()
 
 
 def install(app: Any) -> Any:
-    """Install celery_durable on a Celery app; returns the app.
+    """Install celery_durable on a Celery app; returns the app. Calling it again changes nothing.
 
     Registers ``-P durable`` (also usable as ``app.conf.worker_pool =
-    "durable"``). Settings are read and validated when a worker boots.
+    "durable"``) and adds ``app.durable_task``. Settings are read and validated
+    when a worker boots; the durable store is opened on a durable task's first run.
     """
     _register_pool()
+    if not isinstance(getattr(app, "durable_task", None), functools.partial):
+        app.durable_task = functools.partial(durable_task, app)
     return app

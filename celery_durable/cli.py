@@ -34,3 +34,21 @@ def show_config(ctx: click.Context) -> None:
     except ConfigInvalid as err:
         raise click.ClickException(str(err)) from None
     click.echo(json.dumps({k: v for k, v in config.__dict__.items()}, default=str, indent=2))
+
+
+@durable.command(cls=CeleryCommand, name="migrate")
+@click.pass_context
+def migrate_store(ctx: click.Context) -> None:
+    """Upgrade the durable store (durable_database_url) to this version's schema."""
+    from .errors import DurableError
+    from .store.engine import migrate, resolve_url
+
+    url = resolve_url(ctx.obj.app.conf.get("durable_database_url"))
+    try:
+        before, after = migrate(url)
+    except DurableError as err:
+        raise click.ClickException(str(err)) from None
+    if before == after:
+        click.echo(f"durable store already at {after}")
+    else:
+        click.echo(f"durable store migrated: {before or 'empty'} -> {after}")

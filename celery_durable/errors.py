@@ -47,3 +47,45 @@ class InvariantBroken(DurableError):
     """A constructor was handed values that break one of its invariants."""
 
     code = "durable.invariant"
+
+
+class NotDurable(DurableError):
+    """A durable-only call (``step()``, ``sleep()``) was made outside a durable run."""
+
+    code = "durable.run.outside"
+
+
+class StepNameInvalid(DurableError):
+    """A step name that is not a non-empty string."""
+
+    code = "durable.step.name_invalid"
+
+
+class NotJSON(DurableError):
+    """A value that must be stored (a step result, a run's arguments or result) does not round-trip through JSON."""
+
+    code = "durable.json.invalid"
+
+
+class StoreUnavailable(DurableError):
+    """The durable store's database could not be reached; nothing was recorded half-way."""
+
+    code = "durable.store.unavailable"
+
+
+class SchemaOutdated(DurableError):
+    """The database's durable schema is not the revision this code needs: run the migrations."""
+
+    code = "durable.store.schema_outdated"
+
+
+class RunNotFound(DurableError):
+    """No durable run has this id."""
+
+    code = "durable.run.not_found"
+
+
+class RunNotDead(DurableError):
+    """Only a dead run can be requeued."""
+
+    code = "durable.run.not_dead"

@@ -9,6 +9,7 @@ import pytest
 REDIS_URL = os.environ.get("DURABLE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 AMQP_URL = os.environ.get("DURABLE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 OBSERVE_URL = os.environ.get("DURABLE_TEST_OBSERVE_URL", "redis://127.0.0.1:6379/15")
+POSTGRES_URL = os.environ.get("DURABLE_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 
 
 def in_ci() -> bool:
@@ -55,3 +56,22 @@ def broker_url(kind: str) -> str:
         require("Redis (observation)", redis_problem(OBSERVE_URL))
         return AMQP_URL
     raise ValueError(kind)
+
+
+def postgres_problem(url: str = POSTGRES_URL) -> str | None:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url, connect_args={"connect_timeout": 2})
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except Exception as exc:  # noqa: BLE001
+        return repr(exc)
+    finally:
+        engine.dispose()
+    return None
+
+
+def postgres_url() -> str:
+    require("PostgreSQL", postgres_problem())
+    return POSTGRES_URL

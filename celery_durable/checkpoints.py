@@ -1,0 +1,125 @@
+"""Pure step bookkeeping: step keys by call order, name checks and the JSON round-trip rule."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import NotJSON, StepNameInvalid
+
+#: Longest step name the steps table holds.
+MAX_STEP_NAME = 200
+
+
+@dataclass(frozen=True, order=True)
+class StepKey:
+    """A step's identity in its run: the name and how many times that name was called before."""
+
+    name: str
+    occurrence: int
+
+
+def check_step_name(name: Any) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise StepNameInvalid(f"a step name must be a non-empty string, got {name!r}")
+    if len(name) > MAX_STEP_NAME:
+        raise StepNameInvalid(f"step name {name[:40]!r}... is {len(name)} characters; at most {MAX_STEP_NAME}")
+    return name
+
+
+@dataclass
+class Ledger:
+    """The checkpoints a run had when it started, and the occurrence each name is at now.
+
+    Keys are handed out by call order: the n-th call of a name in an execution is
+    occurrence n, so a replay in the same order finds the same checkpoints.
+    """
+
+    stored: dict[StepKey, str] = field(default_factory=dict)
+    _next: dict[str, int] = field(default_factory=dict)
+
+    def next_key(self, name: Any) -> StepKey:
+        name = check_step_name(name)
+        occurrence = self._next.get(name, 0)
+        self._next[name] = occurrence + 1
+        return StepKey(name, occurrence)
+
+    def lookup(self, key: StepKey) -> str | None:
+        """The stored JSON of ``key``, or None when the step has not completed."""
+        return self.stored.get(key)
+
+    def record(self, key: StepKey, encoded: str) -> None:
+        self.stored[key] = encoded
+
+
+def _same(a: Any, b: Any) -> bool:
+    # == alone passes 1 == 1.0 == True and misses a tuple turned into a list;
+    # the types must survive too, or a replay would hand back something else.
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def _first_offender(value: Any, path: str = "") -> str:
+    """Where in ``value`` JSON loses something, for the error message."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return f"key {k!r} at {path or 'top level'} is a {type(k).__name__}, not a str"
+            found = _first_offender(v, f"{path}[{k!r}]")
+            if found:
+                return found
+        return "" if isinstance(value, dict) else f"{path or 'the value'} is a {type(value).__name__}, not a dict"
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _first_offender(v, f"{path}[{i}]")
+            if found:
+                return found
+        return ""
+    if value is None or isinstance(value, (str, bool, int)):
+        return ""
+    if isinstance(value, float):
+        return "" if math.isfinite(value) else f"{path or 'the value'} is {value!r}, which JSON cannot hold"
+    return f"{path or 'the value'} is a {type(value).__name__}"
+
+
+def to_json(what: str, value: Any) -> str:
+    """Encode ``value``, refusing anything a decode would not give back as it was.
+
+    ``what`` names the value in the error (e.g. ``step 'charge'``).
+    """
+    try:
+        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as err:
+        detail = _first_offender(value) or str(err)
+        raise NotJSON(f"{what} must be JSON (str, int, float, bool, None, list, dict with str keys): "
+                      f"{detail}") from None
+    if not _same(value, json.loads(encoded)):
+        detail = _first_offender(value) or "it does not decode to an equal value"
+        raise NotJSON(f"{what} does not round-trip through JSON: {detail} "
+                      f"(return lists and dicts with str keys)")
+    return encoded
+
+
+def from_json(encoded: str | None) -> Any:
+    return None if encoded is None else json.loads(encoded)
+
+
+def encode(what: str, value: Any) -> str:
+    """Encode a run's arguments or result: JSON-serialisable is enough (a tuple is kept as a list).
+
+    Unlike a step's result, nothing is handed back to the body from these, so a
+    tuple coming back as a list changes nothing a replay depends on.
+    """
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as err:
+        detail = _first_offender(value) or str(err)
+        raise NotJSON(f"{what} must be JSON-serialisable to be stored: {detail}") from None

@@ -1,0 +1,107 @@
+"""The step context of one durable run: ``step()`` and ``sleep()`` against the run's checkpoints."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from celery.exceptions import Ignore
+from sqlalchemy.engine import Connection, Engine
+
+from . import faults
+from .checkpoints import Ledger, check_step_name, to_json
+from .errors import NotDurable, StepNameInvalid
+from .store import steps
+from .store.engine import unavailable_as_error
+from .store.runs import Run
+
+
+@dataclass
+class RunContext:
+    """What a running durable body's steps need: its run, its checkpoints and a connection."""
+
+    task: Any
+    run: Run
+    ledger: Ledger
+    conn: Connection  # autocommit: a checkpoint INSERT is its own transaction
+    engine: Engine    # for transactional steps, which need a transaction of their own
+    url: str
+
+    def step(self, name: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+             transactional: bool = False) -> Any:
+        key = self.ledger.next_key(name)
+        stored = self.ledger.lookup(key)
+        if stored is not None:
+            return json.loads(stored)
+        if not callable(fn):
+            raise TypeError(f"step {name!r}: fn must be callable, got {fn!r}")
+        what = f"the result of step {name!r}" + (f" (occurrence {key.occurrence})" if key.occurrence else "")
+        faults.reach(faults.BEFORE_FN)
+        if transactional:
+            with unavailable_as_error(self.url), self.engine.begin() as tx:
+                value = fn(tx, *args, **kwargs)
+                # Checked inside the transaction: a result we refuse rolls fn's effects back.
+                encoded = to_json(what, value)
+                steps.insert(tx, self.run.id, key, encoded)
+                faults.reach(faults.BEFORE_COMMIT)
+        else:
+            value = fn(*args, **kwargs)
+            encoded = to_json(what, value)
+            faults.reach(faults.BEFORE_COMMIT)
+            with unavailable_as_error(self.url):
+                steps.insert(self.conn, self.run.id, key, encoded)
+        faults.reach(faults.AFTER_COMMIT)
+        self.ledger.record(key, encoded)
+        return value
+
+    def sleep(self, name: Any, seconds: float) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+            raise ValueError(f"sleep {name!r}: seconds must be a number >= 0, got {seconds!r}")
+        check_step_name(name)
+        # The wake time is itself a step: a redelivery before it re-sleeps, one after returns.
+        wake_at = self.step(name, _wake_time, (float(seconds),), {})
+        remaining = wake_at - time.time()
+        if remaining <= 0:
+            return
+        task, request = self.task, self.task.request
+        # Same id, args and retries count: the sleep does not burn an attempt.
+        task.signature_from_request(request, countdown=remaining, retries=request.retries).apply_async()
+        raise Ignore(f"durable sleep {name!r}: woken again in {remaining:.3f}s")
+
+
+def _wake_time(seconds: float) -> float:
+    return time.time() + seconds
+
+
+_current: ContextVar[RunContext | None] = ContextVar("celery_durable_run", default=None)
+
+
+def current() -> RunContext:
+    ctx = _current.get()
+    if ctx is None:
+        raise NotDurable(
+            "step() and sleep() only work inside a durable run: call them from an "
+            "@app.durable_task body (or a function it calls) executed by a worker or .apply()"
+        )
+    return ctx
+
+
+def step(name: str, fn: Callable[..., Any], *args: Any, transactional: bool = False, **kwargs: Any) -> Any:
+    """Run ``fn(*args, **kwargs)`` once per run: a checkpoint found returns its result instead.
+
+    ``transactional=True`` calls ``fn(conn, *args, **kwargs)`` with a SQLAlchemy
+    Connection in the transaction that stores the checkpoint.
+    """
+    if not isinstance(name, str) or not name.strip():
+        # Checked before the context so the error is about the name, wherever it is called.
+        raise StepNameInvalid(f"a step name must be a non-empty string, got {name!r}")
+    return current().step(name, fn, args, kwargs, transactional)
+
+
+def sleep(name: str, seconds: float) -> None:
+    """A durable sleep: the run is re-sent with a countdown and this execution ends (frees its slot)."""
+    current().sleep(name, seconds)

@@ -1,0 +1,60 @@
+"""Operator actions on durable runs: read one, requeue a dead one with its completed steps kept."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .errors import RunNotDead, RunNotFound
+from .store import runs as store_runs
+from .store.engine import ensure_schema, resolve_url, unavailable_as_error
+from .store.runs import Run
+from .store.schema import DEAD
+
+
+def _app(app: Any) -> Any:
+    if app is None:
+        from celery import current_app
+
+        return current_app
+    return app
+
+
+def get(run_id: str, *, app: Any = None) -> Run:
+    app = _app(app)
+    url = resolve_url(app.conf.get("durable_database_url"))
+    engine = ensure_schema(url)
+    with unavailable_as_error(url), engine.connect() as conn:
+        run = store_runs.get(conn, run_id)
+    if run is None:
+        raise RunNotFound(f"no durable run has id {run_id!r}")
+    return run
+
+
+def requeue(run_id: str, *, app: Any = None) -> Run:
+    """Send a dead run again (same id, args and queue; a fresh retry budget); its steps are kept.
+
+    The run is reopened and the message published inside one transaction that
+    holds the run's row: a worker that gets the message at once waits for the
+    commit instead of seeing the run still dead; a failed publish leaves it dead.
+    """
+    app = _app(app)
+    url = resolve_url(app.conf.get("durable_database_url"))
+    engine = ensure_schema(url)
+    with unavailable_as_error(url), engine.begin() as conn:
+        run = store_runs.get(conn, run_id)
+        if run is None:
+            raise RunNotFound(f"no durable run has id {run_id!r}")
+        if run.state != DEAD or not store_runs.reopen_dead(conn, run_id):
+            raise RunNotDead(f"run {run_id} is {run.state}; only a dead run can be requeued")
+        options: dict[str, Any] = {"task_id": run.id}
+        if run.queue:
+            options["queue"] = run.queue
+        args, kwargs = json.loads(run.args), json.loads(run.kwargs)
+        task = app.tasks.get(run.task_name)
+        if task is not None:
+            task.apply_async(args, kwargs, **options)
+        else:
+            app.send_task(run.task_name, args, kwargs, **options)
+        reopened = store_runs.get(conn, run_id)
+    return reopened or run

@@ -1,0 +1,179 @@
+"""Engines for the durable store, one per (process, URL), and the schema check and migration on first use."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event, exc
+from sqlalchemy.engine import Connection, Engine
+
+from ..errors import SchemaOutdated, StoreUnavailable
+from .schema import HEAD_REVISION, VERSION_TABLE
+
+#: Where the store lives when ``durable_database_url`` is not set: a file in the working directory.
+DEFAULT_URL = "sqlite:///durable.sqlite"
+
+#: Milliseconds a SQLite writer waits for another process's lock before failing.
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+# Keyed by pid: a prefork child inherits its parent's dict, and must not use
+# the sockets (or SQLite handles) the parent opened.
+_engines: dict[tuple[int, str], Engine] = {}
+_checked: set[tuple[int, str]] = set()
+_lock = threading.Lock()
+
+
+def resolve_url(url: str | None) -> str:
+    """The URL as the store uses it; a relative SQLite path is fixed to the working directory now."""
+    url = url or DEFAULT_URL
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        path = Path(parsed.database)
+        if not path.is_absolute():
+            url = parsed.set(database=str(Path.cwd() / path)).render_as_string(hide_password=False)
+    return url
+
+
+def _sqlite_engine(url: str) -> Engine:
+    engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+                                                 "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # pysqlite's own implicit BEGIN is deferred (a later write can fail
+        # busy without waiting); we issue BEGIN IMMEDIATE ourselves below.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        # WAL: readers never block the one writer, so threads and processes share the file.
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        # NORMAL is durable across a process crash in WAL mode (only an OS crash can lose the tail).
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def engine_for(url: str | None) -> Engine:
+    """This process's engine for ``url``, created on first use."""
+    url = resolve_url(url)
+    key = (os.getpid(), url)
+    engine = _engines.get(key)
+    if engine is None:
+        with _lock:
+            engine = _engines.get(key)
+            if engine is None:
+                if sa.engine.make_url(url).get_backend_name() == "sqlite":
+                    engine = _sqlite_engine(url)
+                else:
+                    engine = sa.create_engine(url, pool_pre_ping=False)
+                _engines[key] = engine
+    return engine
+
+
+def autocommit(engine: Engine) -> Engine:
+    """The same pool, each statement its own transaction: a checkpoint INSERT is one round trip."""
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+
+def dispose_all() -> None:
+    """Close this process's engines (tests, and a benchmark between databases)."""
+    with _lock:
+        for (pid, url), engine in list(_engines.items()):
+            if pid == os.getpid():
+                engine.dispose()
+                del _engines[(pid, url)]
+                _checked.discard((pid, url))
+
+
+@contextmanager
+def unavailable_as_error(url: str) -> Iterator[None]:
+    """Turn "cannot reach the database" into StoreUnavailable (a DurableError the task retries on)."""
+    try:
+        yield
+    except (exc.OperationalError, exc.InterfaceError) as err:
+        target = sa.engine.make_url(url).render_as_string(hide_password=True)
+        raise StoreUnavailable(f"the durable store at {target} is unavailable: "
+                               f"{str(err.orig or err).strip().splitlines()[0]}") from err
+
+
+def alembic_config(url: str, connection: Connection | None = None) -> Any:
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    # ConfigParser interpolation would eat a % in a password.
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def current_revision(conn: Connection) -> str | None:
+    if not sa.inspect(conn).has_table(VERSION_TABLE):
+        return None
+    return conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
+
+
+def _lock_migrations(conn: Connection) -> None:
+    # Two workers starting on a fresh database must not both create the tables.
+    # SQLite: the BEGIN IMMEDIATE of this transaction already serialises them.
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7296301)")
+
+
+def migrate(url: str | None) -> tuple[str | None, str]:
+    """Upgrade the store at ``url`` to the code's revision; returns (before, after)."""
+    from alembic import command
+
+    url = resolve_url(url)
+    engine = engine_for(url)
+    with unavailable_as_error(url), engine.begin() as conn:
+        _lock_migrations(conn)
+        before = current_revision(conn)
+        if before != HEAD_REVISION:
+            command.upgrade(alembic_config(url, conn), "head")
+    _checked.add((os.getpid(), url))
+    return before, HEAD_REVISION
+
+
+def ensure_schema(url: str | None) -> Engine:
+    """The engine for ``url`` with its schema at the code's revision, checked once per process.
+
+    A database with no durable tables is migrated here (a fresh store works on
+    first use); one at another revision is refused: production users migrate
+    with ``celery -A proj durable migrate``.
+    """
+    url = resolve_url(url)
+    engine = engine_for(url)
+    key = (os.getpid(), url)
+    if key in _checked:
+        return engine
+    with unavailable_as_error(url):
+        with engine.connect() as conn:
+            found = current_revision(conn)
+            has_tables = sa.inspect(conn).has_table("durable_runs")
+        if found is None and not has_tables:
+            migrate(url)
+        elif found != HEAD_REVISION:
+            target = sa.engine.make_url(url).render_as_string(hide_password=True)
+            raise SchemaOutdated(
+                f"the durable store at {target} is at schema revision {found or 'none (unversioned)'}; "
+                f"this code needs {HEAD_REVISION}: run `celery -A proj durable migrate`"
+            )
+    _checked.add(key)
+    return engine

@@ -1,0 +1,33 @@
+"""Alembic environment for the durable store; used by ``celery durable migrate`` and first use."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine
+
+from celery_durable.store.schema import VERSION_TABLE, metadata
+
+config = context.config
+
+
+def _run(connection) -> None:  # type: ignore[no-untyped-def]
+    context.configure(connection=connection, target_metadata=metadata, version_table=VERSION_TABLE,
+                      render_as_batch=connection.dialect.name == "sqlite")
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+if context.is_offline_mode():
+    context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=metadata,
+                      version_table=VERSION_TABLE, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    # The store hands its own connection in (already inside its migration
+    # lock); the CLI without one connects from the URL.
+    given = config.attributes.get("connection")
+    if given is not None:
+        _run(given)
+    else:
+        with create_engine(config.get_main_option("sqlalchemy.url")).begin() as conn:
+            _run(conn)

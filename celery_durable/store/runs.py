@@ -1,0 +1,111 @@
+"""SQL for durable runs: start an attempt (or find it settled), settle it, read it, reopen a dead one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from .schema import DEAD, FAILED, RUNNING, SETTLED, runs
+
+#: Longest rendered error kept on a run: a traceback-sized message must not bloat the row.
+MAX_ERROR_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Run:
+    """One row of ``durable_runs``; what ``on_settled(run)`` is handed."""
+
+    id: str
+    task_name: str
+    queue: str | None
+    state: str
+    attempts: int
+    args: str
+    kwargs: str
+    result: str | None
+    last_error: str | None
+    started_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def settled(self) -> bool:
+        return self.state in SETTLED
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def render_error(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 15] + "... [truncated]"
+
+
+def _insert_for(conn: Connection) -> Any:
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(runs)
+    if conn.dialect.name == "sqlite":
+        return sqlite.insert(runs)
+    raise NotImplementedError(f"celery_durable supports PostgreSQL and SQLite, not {conn.dialect.name}")
+
+
+def begin_attempt(conn: Connection, *, run_id: str, task_name: str, queue: str | None,
+                  args: str, kwargs: str) -> tuple[Run, bool]:
+    """Record an attempt starting: (the run, True) — or (the settled run, False) if it must not run.
+
+    One statement: insert the run, or count one more attempt on a run that has
+    not settled. A settled run is left as it is and read back.
+    """
+    at = now()
+    stmt = _insert_for(conn).values(
+        id=run_id, task_name=task_name, queue=queue, state=RUNNING, attempts=1, args=args,
+        kwargs=kwargs, started_at=at, updated_at=at,
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[runs.c.id],
+        set_={"state": RUNNING, "attempts": runs.c.attempts + 1, "updated_at": at},
+        where=runs.c.state.not_in(sorted(SETTLED)),
+    ).returning(*runs.c)
+    row = conn.execute(stmt).one_or_none()
+    if row is not None:
+        return Run(**row._mapping), True
+    settled = get(conn, run_id)
+    if settled is None:  # deleted between the two statements: run it as new next time
+        raise RuntimeError(f"run {run_id} vanished while starting")
+    return settled, False
+
+
+def settle(conn: Connection, run: Run, state: str, *, result: str | None = None,
+           error: str | None = None) -> Run:
+    """Write the outcome of this attempt; returns the run as it now stands.
+
+    ``error=None`` keeps the last error: a run that succeeded on a retry still
+    shows what failed before.
+    """
+    at = now()
+    values: dict[str, Any] = {"state": state, "result": result, "updated_at": at,
+                              "finished_at": at if state in SETTLED else None}
+    if error is not None:
+        values["last_error"] = error
+    conn.execute(sa.update(runs).where(runs.c.id == run.id).values(**values))
+    return Run(**{**run.__dict__, **values})
+
+
+def get(conn: Connection, run_id: str) -> Run | None:
+    row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).one_or_none()
+    return None if row is None else Run(**row._mapping)
+
+
+def reopen_dead(conn: Connection, run_id: str) -> bool:
+    """Move a dead run back to ``failed`` (will run again); False if it was not dead."""
+    result = conn.execute(
+        sa.update(runs).where(runs.c.id == run_id, runs.c.state == DEAD)
+        .values(state=FAILED, finished_at=None, updated_at=now())
+    )
+    return bool(result.rowcount == 1)

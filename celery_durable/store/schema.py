@@ -1,0 +1,49 @@
+"""The durable store's tables, as SQLAlchemy Core metadata, and the schema revision this code needs."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+#: The Alembic revision the code reads and writes; a database behind it must be migrated.
+HEAD_REVISION = "0001_runs_and_steps"
+
+#: Alembic's bookkeeping table, named apart from an application's own ``alembic_version``.
+VERSION_TABLE = "durable_alembic_version"
+
+#: Run states. A run in SETTLED never runs its body again.
+RUNNING, SUCCEEDED, FAILED, DEAD, CANCELLED = "running", "succeeded", "failed", "dead", "cancelled"
+STATES = (RUNNING, SUCCEEDED, FAILED, DEAD, CANCELLED)
+SETTLED = frozenset({SUCCEEDED, DEAD, CANCELLED})
+
+metadata = sa.MetaData()
+
+runs = sa.Table(
+    "durable_runs",
+    metadata,
+    sa.Column("id", sa.String(255), primary_key=True),  # the Celery task id
+    sa.Column("task_name", sa.String(255), nullable=False),
+    sa.Column("queue", sa.String(255), nullable=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    # JSON text: encoded (and round-trip checked) by the caller, so one rule
+    # decides what may be stored, on every database.
+    sa.Column("args", sa.Text, nullable=False),
+    sa.Column("kwargs", sa.Text, nullable=False),
+    sa.Column("result", sa.Text, nullable=True),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Index("ix_durable_runs_state", "state"),
+)
+
+steps = sa.Table(
+    "durable_steps",
+    metadata,
+    sa.Column("run_id", sa.String(255), sa.ForeignKey("durable_runs.id", ondelete="CASCADE"),
+              primary_key=True),
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("occurrence", sa.Integer, primary_key=True),
+    sa.Column("result", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)

@@ -1,0 +1,87 @@
+"""The app the durable end-to-end workers run: durable tasks whose side effects are counted in a table.
+
+Configured like ``e2eapp`` (E2E_BROKER, E2E_QUEUES, E2E_CONF, E2E_KEY, E2E_OBSERVE);
+``durable_database_url`` comes in E2E_CONF. Effects go to ``e2e_effects`` in the
+durable store's database, outside any checkpoint transaction, so a step's fn
+that ran twice shows up as two rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import sqlalchemy as sa
+from celery import Celery
+
+import celery_durable
+from celery_durable.store.engine import autocommit, engine_for
+from tests.e2e.e2eapp import _client, observe
+
+app = Celery("durable-e2e", broker=os.environ.get("E2E_BROKER", "memory://"))
+celery_durable.install(app)
+_queues = os.environ.get("E2E_QUEUES", "celery").split(",")
+app.conf.update(task_default_queue=_queues[0], worker_hijack_root_logger=True,
+                broker_connection_retry_on_startup=True)
+app.conf.update(json.loads(os.environ.get("E2E_CONF", "{}")))
+
+EFFECTS_DDL = "CREATE TABLE IF NOT EXISTS e2e_effects (run_id VARCHAR(255), step VARCHAR(64))"
+
+
+def effect(run_id: str, step: str) -> str:
+    with autocommit(engine_for(app.conf.durable_database_url)).connect() as conn:
+        conn.execute(sa.text("INSERT INTO e2e_effects (run_id, step) VALUES (:r, :s)"), {"r": run_id, "s": step})
+    return step
+
+
+def _key(suffix: str) -> str:
+    return f"{os.environ['E2E_KEY']}:{suffix}"
+
+
+@app.durable_task(bind=True, name="durable.three_steps", max_retries=3, default_retry_delay=0)
+def three_steps(self: Any, label: str) -> str:
+    run_id = self.request.id
+    self.step("s1", effect, run_id, "s1")
+    self.step("s2", effect, run_id, "s2")
+    if int(_client().incr(_key(f"attempt:{run_id}"))) == 1:
+        # Step 2 has committed: the test SIGKILLs the worker while this waits.
+        observe("after-s2", label, id=run_id, pid=os.getpid())
+        _client().blpop(_key(f"gate:{label}"), timeout=60)
+    self.step("s3", effect, run_id, "s3")
+    observe("end", label, id=run_id)
+    return label
+
+
+@app.durable_task(bind=True, name="durable.sleeper")
+def sleeper(self: Any, label: str, seconds: float) -> str:
+    run_id = self.request.id
+    observe("exec", label, id=run_id)
+    self.step("before", effect, run_id, "before")
+    self.sleep("nap", seconds)
+    self.step("after", effect, run_id, "after")
+    observe("woke", label, id=run_id)
+    return label
+
+
+@app.durable_task(bind=True, name="durable.quick")
+def quick(self: Any, label: str) -> str:
+    observe("start", label, id=self.request.id)
+    observe("end", label, id=self.request.id)
+    return label
+
+
+def _ship(run_id: str) -> str:
+    if not _client().get(_key("carrier-fixed")):
+        raise RuntimeError("carrier rejected the parcel")
+    return effect(run_id, "ship")
+
+
+def _settled(run: Any) -> None:
+    observe("settled", run.id, state=run.state, error=run.last_error)
+
+
+@app.durable_task(bind=True, name="durable.doomed", max_retries=1, default_retry_delay=0, on_settled=_settled)
+def doomed(self: Any, label: str) -> str:
+    self.step("charge", effect, self.request.id, "charge")
+    return self.step("ship", _ship, self.request.id)

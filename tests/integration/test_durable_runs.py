@@ -1,0 +1,291 @@
+"""Durable runs and steps on a real store (PostgreSQL and SQLite): checkpoints, retries, dead runs, faults."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import uuid
+from typing import Any
+
+import pytest
+import redis
+import sqlalchemy as sa
+from celery import Celery
+
+import celery_durable
+from celery_durable import faults, metrics
+from celery_durable import runs as durable_runs
+from celery_durable.errors import NotJSON, RunNotDead, SchemaOutdated, StoreUnavailable
+from celery_durable.store.engine import engine_for
+from celery_durable.store.schema import VERSION_TABLE
+from tests.services import REDIS_URL, redis_problem, require
+
+
+def make_app(store_url: str) -> Celery:
+    app = Celery(f"it{uuid.uuid4().hex[:6]}", broker=REDIS_URL)
+    celery_durable.install(app)
+    app.conf.update(durable_database_url=store_url, task_default_queue=f"it-{uuid.uuid4().hex[:8]}")
+    return app
+
+
+def run_row(store_url: str, run_id: str) -> Any:
+    return durable_runs.get(run_id, app=make_app(store_url))
+
+
+def step_rows(store_url: str, run_id: str) -> list[tuple[str, int, str]]:
+    with engine_for(store_url).connect() as conn:
+        return [tuple(r) for r in conn.execute(sa.text(
+            "SELECT name, occurrence, result FROM durable_steps WHERE run_id = :id ORDER BY name, occurrence"
+        ), {"id": run_id})]
+
+
+def test_a_step_runs_once_and_a_replay_returns_its_checkpoint(store_url):
+    app = make_app(store_url)
+    calls: list[str] = []
+    failures = {"left": 1}
+
+    def effect(label: str, value: Any) -> Any:
+        calls.append(label)
+        return value
+
+    def reserve_all() -> None:
+        # From a plain function: celery_durable.step finds the run by context.
+        for line in ("a", "b"):
+            celery_durable.step("reserve", effect, f"reserve-{line}", {"line": line})
+
+    @app.durable_task(shared=False, bind=True, max_retries=3, default_retry_delay=0)
+    def fulfil(self, order_id: int) -> dict:
+        charge = self.step("charge", effect, "charge", {"id": f"ch-{order_id}"})
+        reserve_all()
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("the mail server is down")
+        self.step("receipt", effect, "receipt", charge["id"])
+        return charge
+
+    result = fulfil.apply((7,), task_id="run-1")
+    assert result.successful(), result.traceback
+    assert result.result == {"id": "ch-7"}
+    # The retry replayed charge and both reserves from their checkpoints.
+    assert calls == ["charge", "reserve-a", "reserve-b", "receipt"]
+    assert step_rows(store_url, "run-1") == [
+        ("charge", 0, '{"id":"ch-7"}'), ("receipt", 0, '"ch-7"'),
+        ("reserve", 0, '{"line":"a"}'), ("reserve", 1, '{"line":"b"}'),
+    ]
+    run = run_row(store_url, "run-1")
+    assert (run.state, run.attempts, run.result, run.args) == ("succeeded", 2, '{"id":"ch-7"}', "[7]")
+    assert run.finished_at is not None
+    assert run.last_error == "RuntimeError: the mail server is down"
+
+
+def test_a_step_failing_twice_then_succeeding_leaves_earlier_steps_run_once(store_url):
+    app = make_app(store_url)
+    calls: list[str] = []
+
+    def flaky() -> str:
+        calls.append("flaky")
+        if calls.count("flaky") <= 2:
+            raise ConnectionError(f"attempt {calls.count('flaky')} failed")
+        return "ok"
+
+    @app.durable_task(shared=False, bind=True, max_retries=5, default_retry_delay=0)
+    def job(self) -> str:
+        self.step("first", lambda: calls.append("first") or 1)
+        return self.step("flaky", flaky)
+
+    result = job.apply(task_id="run-2")
+    assert result.successful(), result.traceback
+    assert calls == ["first", "flaky", "flaky", "flaky"]
+    run = run_row(store_url, "run-2")
+    assert (run.state, run.attempts) == ("succeeded", 3)
+    assert [r[0] for r in step_rows(store_url, "run-2")] == ["first", "flaky"]
+
+
+def test_a_result_that_is_not_json_stores_nothing_and_names_the_step(store_url):
+    app = make_app(store_url)
+
+    @app.durable_task(shared=False, bind=True, max_retries=5, default_retry_delay=0)
+    def job(self) -> None:
+        self.step("ok", lambda: 1)
+        self.step("when", lambda: (1, 2))
+
+    result = job.apply(task_id="run-3")
+    assert isinstance(result.result, NotJSON)
+    assert "step 'when'" in str(result.result) and "tuple" in str(result.result)
+    assert [r[0] for r in step_rows(store_url, "run-3")] == ["ok"]
+    # No retry can fix it: the run is buried at once, not after five retries.
+    run = run_row(store_url, "run-3")
+    assert (run.state, run.attempts) == ("dead", 1)
+    assert "NotJSON" in run.last_error
+
+
+def test_a_dead_run_calls_its_hook_once_counts_and_requeues_without_rerunning_steps(store_url):
+    require("Redis", redis_problem())
+    app = make_app(store_url)
+    calls: list[str] = []
+    settled: list[Any] = []
+    broken = {"on": True}
+
+    def charge() -> str:
+        calls.append("charge")
+        return "ch-1"
+
+    def ship() -> str:
+        calls.append("ship")
+        if broken["on"]:
+            raise RuntimeError("carrier rejected the parcel")
+        return "shipped"
+
+    @app.durable_task(shared=False, bind=True, max_retries=1, default_retry_delay=0, on_settled=settled.append)
+    def order(self, n: int) -> str:
+        self.step("charge", charge)
+        return self.step("ship", ship)
+
+    queue = app.conf.task_default_queue
+    before = metrics.value(None, "dead_lettered")
+    result = order.apply((1,), task_id="run-4")
+    assert result.failed()
+    assert calls == ["charge", "ship", "ship"]
+    assert [(r.id, r.state) for r in settled] == [("run-4", "dead")]
+    assert "carrier rejected" in settled[0].last_error
+    assert metrics.value(None, "dead_lettered") == before + 1
+
+    broken["on"] = False
+    reopened = durable_runs.requeue("run-4", app=app)
+    assert reopened.state == "failed"
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        assert client.llen(queue) == 1, "requeue did not publish the run"
+    finally:
+        client.delete(queue)
+    # Deliver it as a worker would (same id): the charge is not made again.
+    again = order.apply((1,), task_id="run-4")
+    assert again.successful(), again.traceback
+    assert calls == ["charge", "ship", "ship", "ship"]
+    assert run_row(store_url, "run-4").state == "succeeded"
+    assert [(r.id, r.state) for r in settled] == [("run-4", "dead"), ("run-4", "succeeded")]
+    with pytest.raises(RunNotDead):
+        durable_runs.requeue("run-4", app=app)
+
+
+def test_a_delivery_of_a_settled_run_does_not_run_the_body(store_url):
+    app = make_app(store_url)
+    calls: list[str] = []
+
+    @app.durable_task(shared=False, bind=True)
+    def job(self) -> str:
+        calls.append("body")
+        return "done"
+
+    assert job.apply(task_id="run-5").result == "done"
+    before = metrics.value(None, "duplicate")
+    assert job.apply(task_id="run-5").result == "done"
+    assert calls == ["body"]
+    assert metrics.value(None, "duplicate") == before + 1
+    assert run_row(store_url, "run-5").attempts == 1
+
+
+def _orders_table(store_url: str) -> None:
+    with engine_for(store_url).begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS e2e_orders (run_id VARCHAR(64), n INTEGER)")
+
+
+def _place(conn: Any, run_id: str, n: int) -> int:
+    conn.execute(sa.text("INSERT INTO e2e_orders (run_id, n) VALUES (:r, :n)"), {"r": run_id, "n": n})
+    return n
+
+
+def _transactional_app(store_url: str) -> Any:
+    app = make_app(store_url)
+
+    @app.durable_task(shared=False, bind=True, name="it.place")
+    def place(self, n: int) -> int:
+        return self.step("place", _place, self.request.id, n, transactional=True)
+
+    return place
+
+
+def _run_with_fault(store_url: str, run_id: str, point: str) -> None:
+    def die(reached: str) -> None:
+        if reached == point:
+            os._exit(17)
+
+    faults.hook = die
+    _transactional_app(store_url).apply((3,), task_id=run_id)
+    os._exit(0)
+
+
+def _counts(store_url: str, run_id: str) -> tuple[int, int]:
+    with engine_for(store_url).connect() as conn:
+        rows = conn.execute(sa.text("SELECT count(*) FROM e2e_orders WHERE run_id = :r"), {"r": run_id}).scalar()
+        checkpoints = conn.execute(sa.text("SELECT count(*) FROM durable_steps WHERE run_id = :r"),
+                                   {"r": run_id}).scalar()
+    return int(rows), int(checkpoints)
+
+
+@pytest.mark.parametrize("point", faults.POINTS)
+def test_a_transactional_steps_row_and_checkpoint_survive_a_kill_together(store_url, point):
+    _orders_table(store_url)
+    run_id = f"run-fault-{point}"
+    # A forked process dies at the fault point, as a SIGKILLed worker child would.
+    child = multiprocessing.get_context("fork").Process(target=_run_with_fault, args=(store_url, run_id, point))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 17, f"the child did not reach {point}"
+    rows, checkpoints = _counts(store_url, run_id)
+    assert rows == checkpoints, f"after a kill at {point}: {rows} rows, {checkpoints} checkpoints"
+    assert (rows, checkpoints) == ((1, 1) if point == faults.AFTER_COMMIT else (0, 0))
+    # The redelivery completes it exactly once.
+    assert _transactional_app(store_url).apply((3,), task_id=run_id).result == 3
+    assert _counts(store_url, run_id) == (1, 1)
+
+
+def test_a_transactional_step_that_raises_leaves_neither_row_nor_checkpoint(store_url):
+    _orders_table(store_url)
+    app = make_app(store_url)
+
+    def place_then_fail(conn: Any, run_id: str) -> None:
+        _place(conn, run_id, 1)
+        raise ValueError("the price changed")
+
+    @app.durable_task(shared=False, bind=True, max_retries=0)
+    def job(self) -> None:
+        self.step("place", place_then_fail, self.request.id, transactional=True)
+
+    assert isinstance(job.apply(task_id="run-6").result, ValueError)
+    assert _counts(store_url, "run-6") == (0, 0)
+
+
+def test_a_store_that_is_down_fails_the_attempt_with_nothing_recorded(store_url, tmp_path):
+    down = ("postgresql+psycopg2://postgres@127.0.0.1:1/test" if store_url.startswith("postgresql")
+            else f"sqlite:///{tmp_path}/no/such/dir/durable.sqlite")
+    app = make_app(down)
+    calls: list[str] = []
+
+    @app.durable_task(shared=False, bind=True, max_retries=2, default_retry_delay=0)
+    def job(self) -> None:
+        calls.append("body")
+
+    result = job.apply(task_id="run-7")
+    assert isinstance(result.result, StoreUnavailable)
+    assert "unavailable" in str(result.result)
+    assert calls == []
+    # It is retried (it is not one of the errors that bury a run at once), and survives pickling.
+    assert result.result.__class__ not in job.dont_autoretry_for
+    assert isinstance(pickle.loads(pickle.dumps(result.result)), StoreUnavailable)
+
+
+def test_a_schema_older_than_the_code_is_refused_with_the_migrate_command(store_url):
+    with engine_for(store_url).begin() as conn:
+        conn.exec_driver_sql(f"CREATE TABLE {VERSION_TABLE} (version_num VARCHAR(32) NOT NULL)")
+        conn.exec_driver_sql(f"INSERT INTO {VERSION_TABLE} VALUES ('0000_older')")
+    app = make_app(store_url)
+
+    @app.durable_task(shared=False, bind=True)
+    def job(self) -> None:
+        pass
+
+    result = job.apply(task_id="run-8")
+    assert isinstance(result.result, SchemaOutdated)
+    assert "0000_older" in str(result.result) and "durable migrate" in str(result.result)
