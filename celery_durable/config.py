@@ -28,6 +28,8 @@ class DurableConfig:
     queue_slots: Mapping[str, int] = field(default_factory=dict)
     execution: str = "prefork"
     safety_interval: float = 1.0
+    #: Most ETA/countdown runs held waiting (they hold no slot until due).
+    max_scheduled: int = 1000
     restore_interval: float = 10.0
     drain_timeout: float = 30.0
     idle_poll_interval: float = 0.05
@@ -57,6 +59,7 @@ class DurableConfig:
                 "durable_execution", f"must be one of {EXECUTION_MODES}, got {self.execution!r}"
             )
         positive_seconds("durable_safety_interval", self.safety_interval)
+        whole_number("durable_max_scheduled", self.max_scheduled)
         positive_seconds("durable_restore_interval", self.restore_interval)
         positive_seconds("durable_drain_timeout", self.drain_timeout, allow_zero=True)
         positive_seconds("durable_idle_poll_interval", self.idle_poll_interval)
@@ -113,6 +116,7 @@ def from_celery_conf(conf: Mapping[str, Any]) -> DurableConfig:
         "durable_queue_concurrency",
         "durable_execution",
         "durable_safety_interval",
+        "durable_max_scheduled",
         "durable_restore_interval",
         "durable_drain_timeout",
         "durable_idle_poll_interval",
@@ -143,6 +147,7 @@ def from_celery_conf(conf: Mapping[str, Any]) -> DurableConfig:
     optional = {
         "durable_execution": "execution",
         "durable_safety_interval": "safety_interval",
+        "durable_max_scheduled": "max_scheduled",
         "durable_restore_interval": "restore_interval",
         "durable_drain_timeout": "drain_timeout",
         "durable_idle_poll_interval": "idle_poll_interval",

@@ -66,6 +66,7 @@ class Claimer:
         accept: Any,
         schedule: Callable[[Callable[[], None]], None],
         stop_requested: Callable[[], bool] = lambda: False,
+        before_pass: Callable[[], None] = lambda: None,
         on_admitted: Callable[[HeldRun], None] | None = None,
     ) -> None:
         self._connection = connection
@@ -74,6 +75,7 @@ class Claimer:
         self._accept = accept
         self._schedule = schedule
         self._stop_requested = stop_requested
+        self._before_pass = before_pass
         self._on_admitted = on_admitted
         self.handler: Callable[[Any], Any] | None = None
         self.cursor: str | None = None
@@ -131,6 +133,8 @@ class Claimer:
         # the room read below; cancelling it first may itself admit one
         # message, which is counted before the room is read.
         self._cancel_idle_wait()
+        # Runs whose ETA fell due while the worker was full go before new claims.
+        self._before_pass()
         queues = {queue.name: queue for queue in self._queues()}
         order = [name for name in self.held.queues() if name in queues]
         free = self.held.free_slots()
@@ -173,6 +177,9 @@ class Claimer:
                 # The strategy dropped it (revoked, expired, unknown task, bad
                 # payload): nothing will run, so the count goes back now.
                 self.held.give_back(message)
+            elif getattr(run.request, "_eta_timer_entry", None) is not None:
+                # Waiting for its ETA: it frees its slot until it is due.
+                self.held.schedule(message)
         if self._on_admitted is not None:
             self._on_admitted(run)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections import deque
 from time import monotonic
 from collections.abc import Callable
 from typing import Any
@@ -134,7 +135,9 @@ class DurableConsumer(Consumer):
         consumed = list(self.app.amqp.queues.consume_from)
         slots = {queue: config.slots_for(queue) for queue in consumed}
         self.durable_capacity = capacity(config.max_in_flight, self.pool.limit, list(slots.values()))
-        self.held = HeldRuns(self.durable_capacity, slots)
+        self.held = HeldRuns(self.durable_capacity, slots, config.max_scheduled)
+        #: ETA runs that fell due while the worker was full: admitted first at the next pass.
+        self._due: deque[tuple[Any, Callable[[], None]]] = deque()
         self.claimer: Claimer | None = None
         self._scheduled: list[Any] = []
         self.drain = Drain(self)
@@ -165,6 +168,7 @@ class DurableConsumer(Consumer):
             accept=self.app.conf.accept_content,
             schedule=schedule,
             stop_requested=_shutdown_requested,
+            before_pass=self.admit_due,
         )
         self.claimer = claimer
         restorer = RedisRestorer.for_connection(connection, self.durable_config.restore_interval)
@@ -188,6 +192,31 @@ class DurableConsumer(Consumer):
             if now >= self._poll_timer_due[index]:
                 self._poll_timer_due[index] = now + interval
                 fn()
+
+    # -- ETA runs: counted while they wait, given a slot when due -----------------------
+    def apply_eta_task(self, task: Any) -> None:
+        self._when_admitted(task, lambda: Consumer.apply_eta_task(self, task))
+
+    def _limit_post_eta(self, request: Any, bucket: Any, tokens: Any) -> None:
+        self._when_admitted(request, lambda: Consumer._limit_post_eta(self, request, bucket, tokens))
+
+    def _when_admitted(self, request: Any, go: Callable[[], None]) -> None:
+        # Called by Celery's timer (the loop thread with a hub, a timer thread
+        # without one) when the ETA passes.
+        if self.held.try_admit(request.message):
+            go()
+        else:
+            self._due.append((request, go))
+
+    def admit_due(self) -> None:
+        """Start the due runs that now fit, in the order they fell due."""
+        waiting = len(self._due)
+        for _ in range(waiting):
+            request, go = self._due.popleft()
+            if self.held.try_admit(request.message):
+                go()
+            else:
+                self._due.append((request, go))
 
     # -- counting: what the pool and the strategy tell ------------------------------
     def _on_task_received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
@@ -274,6 +303,7 @@ class DurableConsumer(Consumer):
         # acked and the broker delivers them again. Their counts go with them,
         # or a reconnected worker would stay full of runs that will never end.
         super().on_close()
+        self._due.clear()
         for run in self.held.snapshot():
             if not run.in_pool:
                 self.held.give_back(run.message)
@@ -282,6 +312,7 @@ class DurableConsumer(Consumer):
         config = self.durable_config
         return {
             "in_flight": self.held.held(),
+            "scheduled": self.held.scheduled(),
             "max_in_flight": config.max_in_flight,
             "capacity": self.durable_capacity,
             "pool_size": self.pool.limit,

@@ -23,6 +23,9 @@ class HeldRun:
     #: Set when the pool is given the request: from then on the pool's
     #: callback gives the count back, whatever else happens to the request.
     in_pool: bool = False
+    #: Waiting for its ETA/countdown: counted, but holding no slot until it
+    #: is due (a durable sleep or a long countdown must not fill the worker).
+    scheduled: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -36,13 +39,19 @@ class HeldRuns:
     every method takes the lock.
     """
 
-    def __init__(self, capacity: int, queue_slots: Mapping[str, int]) -> None:
+    def __init__(self, capacity: int, queue_slots: Mapping[str, int], max_scheduled: int = 1000) -> None:
         if capacity < 1:
             raise InvariantBroken(f"capacity must be >= 1, got {capacity!r}")
+        if max_scheduled < 1:
+            raise InvariantBroken(f"max_scheduled must be >= 1, got {max_scheduled!r}")
         self.capacity = capacity
+        self.max_scheduled = max_scheduled
         self._slots = dict(queue_slots)
         self._runs: dict[int, HeldRun] = {}
+        #: Slot-holding runs per queue; scheduled runs are counted apart.
         self._by_queue: dict[str, int] = {queue: 0 for queue in queue_slots}
+        self._holding = 0
+        self._scheduled = 0
         self._lock = threading.Lock()
 
     # -- the queues --------------------------------------------------------
@@ -62,7 +71,36 @@ class HeldRuns:
                 raise InvariantBroken(f"message {message!r} is already held")
             self._runs[id(message)] = run
             self._by_queue[queue] = self._by_queue.get(queue, 0) + 1
+            self._holding += 1
         return run
+
+    def schedule(self, message: Any) -> bool:
+        """``message``'s run waits for its ETA: it keeps its count but frees its slot."""
+        with self._lock:
+            run = self._runs.get(id(message))
+            if run is None or run.scheduled or run.in_pool:
+                return False
+            run.scheduled = True
+            self._by_queue[run.queue] -= 1
+            self._holding -= 1
+            self._scheduled += 1
+            return True
+
+    def try_admit(self, message: Any) -> bool:
+        """A scheduled run fell due: take a slot for it if the cap and its queue have one."""
+        with self._lock:
+            run = self._runs.get(id(message))
+            if run is None or not run.scheduled:
+                return True
+            if self._holding >= self.capacity:
+                return False
+            if self._by_queue.get(run.queue, 0) >= self._slots.get(run.queue, 0):
+                return False
+            run.scheduled = False
+            self._by_queue[run.queue] += 1
+            self._holding += 1
+            self._scheduled -= 1
+            return True
 
     def find(self, message: Any) -> HeldRun | None:
         with self._lock:
@@ -91,11 +129,24 @@ class HeldRuns:
         """Return the count of ``message``'s run; None if it was already returned."""
         with self._lock:
             run = self._runs.pop(id(message), None)
-            if run is not None:
+            if run is None:
+                return None
+            if run.scheduled:
+                self._scheduled -= 1
+            else:
                 self._by_queue[run.queue] -= 1
+                self._holding -= 1
             return run
 
     def held(self) -> int:
+        """Runs holding a slot: running, or handed to the pool, or due."""
+        return self._holding
+
+    def scheduled(self) -> int:
+        """Runs waiting for their ETA (counted, holding no slot)."""
+        return self._scheduled
+
+    def total(self) -> int:
         return len(self._runs)
 
     def held_by_queue(self) -> dict[str, int]:
@@ -103,7 +154,10 @@ class HeldRuns:
             return dict(self._by_queue)
 
     def room(self) -> int:
-        return max(self.capacity - len(self._runs), 0)
+        if self._scheduled >= self.max_scheduled:
+            # Too many ETA runs held already: claim nothing more until some fall due.
+            return 0
+        return max(self.capacity - self._holding, 0)
 
     def free_slots(self) -> dict[str, int]:
         with self._lock:

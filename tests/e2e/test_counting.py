@@ -34,7 +34,7 @@ def capped_worker(s: Scenario, cap: int = 2, **conf: Any) -> WorkerProcess:
 def assert_settled(s: Scenario, worker: WorkerProcess, what: str) -> dict[str, Any]:
     """Nothing held any more, on any queue; the strategy's signals never failed in our receivers."""
     stats = worker.wait_durable(
-        lambda d: d["in_flight"] == 0 and not any(d["held_by_queue"].values()),
+        lambda d: d["in_flight"] == 0 and d["scheduled"] == 0 and not any(d["held_by_queue"].values()),
         timeout=SETTLE_SECONDS, what=f"every count to come back after {what}",
     )
     # A receiver of task_received/task_revoked that raised is logged by the
@@ -164,8 +164,9 @@ def test_an_eta_task_revoked_while_it_waits_never_runs_and_gives_its_count_back(
     s = scenario(["q"])
     worker = capped_worker(s, 2)
     victim = s.send("q", "victim", countdown=3)
-    # Claimed and held in the worker's timer: counted.
-    worker.wait_durable(lambda d: d["in_flight"] == 1, timeout=10, what="the ETA task to be held")
+    # Claimed and held in the worker's timer: counted as scheduled (it holds no slot until due).
+    worker.wait_durable(lambda d: d["scheduled"] == 1 and d["in_flight"] == 0, timeout=10,
+                        what="the ETA task to be held")
     assert s.broker_depth("q") == 0
     replies = s.producer.control.revoke(victim, destination=[worker.hostname], reply=True, timeout=5, limit=1)
     assert replies, "the worker did not acknowledge the revoke"

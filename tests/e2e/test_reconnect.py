@@ -16,7 +16,7 @@ def test_runs_waiting_at_a_lost_rabbitmq_connection_are_redelivered_and_their_co
     s = scenario(["q"])
     ids = [s.send("q", f"eta{i}", 0.0, countdown=3) for i in range(2)]
     worker = s.worker(conf={"durable_max_in_flight": 2}, concurrency=2).wait_ready()
-    worker.wait_durable(lambda st: st["in_flight"] == 2, timeout=20, what="both ETA runs held")
+    worker.wait_durable(lambda st: st["scheduled"] == 2, timeout=20, what="both ETA runs held")
     connected = worker.log().count("Connected to amqp")
     subprocess.run(["rabbitmqctl", "close_all_connections", "e2e: drop"], check=True,
                    capture_output=True, timeout=60)
@@ -26,7 +26,9 @@ def test_runs_waiting_at_a_lost_rabbitmq_connection_are_redelivered_and_their_co
     # The broker redelivers both; the reconnected worker has room for them.
     s.wait_ended(2, timeout=60)
     assert sorted(e["id"] for e in s.ended()) == sorted(ids)
-    worker.wait_durable(lambda st: st["in_flight"] == 0, timeout=20, what="the counts to come back")
+    # Without the hand-back on close, the dropped runs would stay counted for good.
+    worker.wait_durable(lambda st: st["in_flight"] == 0 and st["scheduled"] == 0, timeout=20,
+                        what="the counts to come back")
     for i in range(2):
         s.send("q", f"after{i}", 0.5)
     s.wait_ended(4, timeout=30)
