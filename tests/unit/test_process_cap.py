@@ -219,3 +219,61 @@ def test_a_message_given_back_from_many_threads_at_once_counts_once():
     assert sum(returned) == len(messages)
     assert held.held() == 0
     assert held.held_by_queue() == {"a": 0}
+
+
+# -- scheduled (ETA) runs: counted, holding no slot until due -------------------------------
+
+
+def test_a_scheduled_run_frees_its_slot_and_keeps_its_count():
+    held = HeldRuns(capacity=1, queue_slots={"q": 1})
+    message = object()
+    held.take("q", message)
+    assert held.room() == 0
+    assert held.schedule(message) is True
+    assert (held.held(), held.scheduled(), held.total(), held.room()) == (0, 1, 1, 1)
+    assert held.free_slots() == {"q": 1}
+    assert held.schedule(message) is False  # already scheduled
+
+
+def test_a_due_run_is_admitted_only_when_the_cap_and_its_queue_have_room():
+    held = HeldRuns(capacity=1, queue_slots={"q": 1})
+    eta, running = object(), object()
+    held.take("q", eta)
+    held.schedule(eta)
+    held.take("q", running)
+    assert held.try_admit(eta) is False  # the worker is full
+    assert held.scheduled() == 1
+    held.give_back(running)
+    assert held.try_admit(eta) is True
+    assert (held.held(), held.scheduled(), held.room()) == (1, 0, 0)
+    assert held.try_admit(eta) is True  # not scheduled any more: nothing to do
+
+
+def test_giving_back_a_scheduled_run_returns_the_scheduled_count_exactly_once():
+    held = HeldRuns(capacity=2, queue_slots={"q": 2})
+    message = object()
+    held.take("q", message)
+    held.schedule(message)
+    assert held.give_back(message) is not None
+    assert held.give_back(message) is None
+    assert (held.held(), held.scheduled(), held.total(), held.room()) == (0, 0, 0, 2)
+
+
+def test_too_many_scheduled_runs_stop_claiming_but_not_admission():
+    held = HeldRuns(capacity=2, queue_slots={"q": 2}, max_scheduled=2)
+    first, second = object(), object()
+    for message in (first, second):
+        held.take("q", message)
+        held.schedule(message)
+    assert held.room() == 0
+    assert held.try_admit(first) is True
+    assert held.room() == 1
+
+
+def test_a_run_in_the_pool_is_never_scheduled():
+    held = HeldRuns(capacity=1, queue_slots={"q": 1})
+    message = object()
+    run = held.take("q", message)
+    run.in_pool = True
+    assert held.schedule(message) is False
+    assert held.held() == 1
