@@ -11,6 +11,7 @@ from typing import Any
 from kombu import Consumer as KombuConsumer
 
 from ..planning.claim_sweep import begin_sweep, next_ask, record, waitable_queues
+from .fetchers import Fetcher, fetcher_for
 from .process_cap import HeldRun, HeldRuns
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class Claimer:
         self._kick_pending = False
         self._kick_lock = threading.Lock()
         self._claim_channel: Any = None
+        self._fetcher: Fetcher | None = None
         self._idle_channels = IdleChannels(connection)
         self._idle_consumers: list[Any] = []
         self._idle_channel_messages: list[Any] | None = None
@@ -99,6 +101,7 @@ class Claimer:
 
     def start(self) -> None:
         self._claim_channel = self._connection.channel()
+        self._fetcher = fetcher_for(self._claim_channel, self._accept)
         self.running = True
         self.kick()
 
@@ -127,7 +130,7 @@ class Claimer:
 
     # -- the pass --------------------------------------------------------------
     def run_pass(self) -> int:
-        if not self.claiming or self.handler is None:
+        if not self.claiming or self.handler is None or self._fetcher is None:
             return 0
         # A wait still armed could deliver beside the pass's asks and overshoot
         # the room read below; cancelling it first may itself admit one
@@ -156,12 +159,10 @@ class Claimer:
         return sweep.claimed
 
     def _fetch(self, queue: Any, count: int) -> int:
-        bound = queue(self._claim_channel)
         got = 0
-        while got < count and self.claiming:
-            message = bound.get(no_ack=False, accept=self._accept)
-            if message is None:
-                break
+        # A message already taken from the broker is admitted even if a stop
+        # came meanwhile: it is counted, and the drain hands it back.
+        for message in self._fetcher.fetch(queue, count, lambda: self.claiming):
             got += 1
             self._admit(queue.name, message)
         return got
