@@ -52,3 +52,37 @@ def migrate_store(ctx: click.Context) -> None:
         click.echo(f"durable store already at {after}")
     else:
         click.echo(f"durable store migrated: {before or 'empty'} -> {after}")
+
+
+@durable.command(cls=CeleryCommand, name="relay")
+@click.option("--batch-size", type=int, default=None, help="rows per publish batch (durable_relay_batch_size)")
+@click.option("--poll-interval", type=float, default=None,
+              help="seconds between polls without a notification (durable_relay_poll_interval)")
+@click.pass_context
+def relay(ctx: click.Context, batch_size: int | None, poll_interval: float | None) -> None:
+    """Publish committed outbox rows until SIGTERM/SIGINT (besides the relay in each -P durable worker)."""
+    import logging
+    import signal
+
+    from .config import DurableConfig
+    from .relay import Relay
+    from .worker.metrics_gauges import serve
+
+    app = ctx.obj.app
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s] %(name)s: %(message)s")
+    try:
+        config = from_celery_conf(app.conf)
+        if batch_size is not None or poll_interval is not None:
+            config = DurableConfig(**{**config.__dict__,
+                                      "relay_batch_size": batch_size or config.relay_batch_size,
+                                      "relay_poll_interval": poll_interval or config.relay_poll_interval})
+    except ConfigInvalid as err:
+        raise click.ClickException(str(err)) from None
+    if config.metrics_port is not None:
+        serve(config.metrics_host, config.metrics_port)
+    runner = Relay(app, batch_size=config.relay_batch_size, poll_interval=config.relay_poll_interval,
+                   retention=config.outbox_retention)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: runner.stop())
+    click.echo(f"durable relay: publishing the outbox of {runner.url.split('@')[-1]}", err=True)
+    runner.run()

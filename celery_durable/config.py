@@ -35,6 +35,13 @@ class DurableConfig:
     idle_poll_interval: float = 0.05
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    #: Run the outbox relay inside this worker.
+    relay: bool = True
+    relay_batch_size: int = 500
+    #: Seconds between outbox polls when no notification comes (SQLite, or LISTEN lost).
+    relay_poll_interval: float = 1.0
+    #: Seconds a published outbox row is kept before the relay deletes it.
+    outbox_retention: float = 86400.0
 
     def __post_init__(self) -> None:
         if self.max_in_flight is not None:
@@ -73,6 +80,13 @@ class DurableConfig:
             raise ConfigInvalid(
                 "durable_metrics_host", f"must be a host name or address, got {self.metrics_host!r}"
             )
+
+        if not isinstance(self.relay, bool):
+            # "false" as a string would be truthy: refuse it rather than run a relay nobody wanted.
+            raise ConfigInvalid("durable_relay", f"must be True or False, got {self.relay!r}")
+        whole_number("durable_relay_batch_size", self.relay_batch_size)
+        positive_seconds("durable_relay_poll_interval", self.relay_poll_interval)
+        positive_seconds("durable_outbox_retention", self.outbox_retention)
 
     def slots_for(self, queue: str) -> int:
         return self.queue_slots.get(queue, self.default_queue_slots)
@@ -122,6 +136,10 @@ def from_celery_conf(conf: Mapping[str, Any]) -> DurableConfig:
         "durable_idle_poll_interval",
         "durable_metrics_port",
         "durable_metrics_host",
+        "durable_relay",
+        "durable_relay_batch_size",
+        "durable_relay_poll_interval",
+        "durable_outbox_retention",
         # Read by later parts of the package; accepted here so setting them
         # does not refuse a worker's boot.
         "durable_database_url",
@@ -153,6 +171,10 @@ def from_celery_conf(conf: Mapping[str, Any]) -> DurableConfig:
         "durable_idle_poll_interval": "idle_poll_interval",
         "durable_metrics_port": "metrics_port",
         "durable_metrics_host": "metrics_host",
+        "durable_relay": "relay",
+        "durable_relay_batch_size": "relay_batch_size",
+        "durable_relay_poll_interval": "relay_poll_interval",
+        "durable_outbox_retention": "outbox_retention",
     }
     for setting, name in optional.items():
         value = conf.get(setting)

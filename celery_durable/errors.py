@@ -89,3 +89,19 @@ class RunNotDead(DurableError):
     """Only a dead run can be requeued."""
 
     code = "durable.run.not_dead"
+
+
+class OutboxInvalid(DurableError):
+    """``outbox.enqueue`` was handed something a row cannot hold (a canvas, an option, a non-JSON argument)."""
+
+    code = "durable.outbox.invalid"
+
+
+class OutboxDatabaseMismatch(DurableError):
+    """``outbox.enqueue`` was handed a session or connection on a database other than the durable store.
+
+    The row must commit in the caller's transaction, and the relay reads the
+    durable store: the two must be the same database.
+    """
+
+    code = "durable.outbox.database_mismatch"

@@ -1,4 +1,4 @@
-"""Named fault points in the step path, where a crash test can stop the process; no-ops unless hooked."""
+"""Named fault points in the step path and the outbox relay, where a crash test can stop the process; no-ops unless hooked."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ BEFORE_FN = "step.before_fn"          # the checkpoint was not found; fn has not
 BEFORE_COMMIT = "step.before_commit"  # fn returned (its transactional effects are pending); not committed
 AFTER_COMMIT = "step.after_commit"    # the checkpoint (and a transactional fn's effects) committed
 POINTS = (BEFORE_FN, BEFORE_COMMIT, AFTER_COMMIT)
+
+#: The relay published one row of its batch; the batch is not marked yet.
+RELAY_AFTER_PUBLISH = "relay.after_publish"
 
 #: Set by a test (e.g. to ``os._exit`` at one point); None in production, so each point is one check.
 hook: Callable[[str], None] | None = None

@@ -42,6 +42,14 @@ def resolve_url(url: str | None) -> str:
     return url
 
 
+def store_exists(url: str) -> bool:
+    """False only for a SQLite file not created yet (a reader must not create it just to find it empty)."""
+    parsed = sa.engine.make_url(resolve_url(url))
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return True
+    return Path(parsed.database).exists()
+
+
 def _sqlite_engine(url: str) -> Engine:
     engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
                                                  "check_same_thread": False})

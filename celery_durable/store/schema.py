@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 #: The Alembic revision the code reads and writes; a database behind it must be migrated.
-HEAD_REVISION = "0001_runs_and_steps"
+HEAD_REVISION = "0002_outbox"
 
 #: Alembic's bookkeeping table, named apart from an application's own ``alembic_version``.
 VERSION_TABLE = "durable_alembic_version"
@@ -46,4 +46,26 @@ steps = sa.Table(
     sa.Column("occurrence", sa.Integer, primary_key=True),
     sa.Column("result", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+outbox = sa.Table(
+    "durable_outbox",
+    metadata,
+    # BIGINT on PostgreSQL; SQLite only autoincrements an INTEGER primary key.
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
+              autoincrement=True),
+    sa.Column("task_id", sa.String(255), nullable=False, unique=True),
+    sa.Column("task_name", sa.String(255), nullable=False),
+    # JSON text, encoded by celery_durable.outbox before the INSERT.
+    sa.Column("args", sa.Text, nullable=False),
+    sa.Column("kwargs", sa.Text, nullable=False),
+    sa.Column("options", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    # Not before this time: a row whose publish failed waits out its backoff here.
+    sa.Column("available_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("published_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("last_error", sa.Text, nullable=True),
+    # The relay's scan: unpublished rows in id order (published ones are only swept by age).
+    sa.Index("ix_durable_outbox_pending", "published_at", "id"),
 )

@@ -126,7 +126,7 @@ class DurableConsumer(Consumer):
     loop = staticmethod(durable_loop)
 
     class Blueprint(Consumer.Blueprint):
-        default_steps = [*Consumer.Blueprint.default_steps, "celery_durable.worker.consumer:DurableStats"]
+        default_steps = [*Consumer.Blueprint.default_steps, "celery_durable.worker.consumer:DurableStats", "celery_durable.worker.relay_step:OutboxRelay"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -135,6 +135,13 @@ def test_zero_drain_timeout_is_allowed():
         ("durable_metrics_port", NAN),
         ("durable_metrics_host", ""),
         ("durable_metrics_host", 127),
+        ("durable_relay", "false"),
+        ("durable_relay", 0),
+        ("durable_relay_batch_size", 0),
+        ("durable_relay_batch_size", 2.5),
+        ("durable_relay_poll_interval", 0),
+        ("durable_relay_poll_interval", NAN),
+        ("durable_outbox_retention", -1),
     ],
 )
 def test_other_bad_settings_are_refused(setting, value):
@@ -327,3 +334,11 @@ def test_other_durable_errors_survive_a_pickle_round_trip():
     assert type(back) is InvariantBroken
     assert str(back) == str(err)
     assert back.setting is None
+
+
+def test_relay_settings_are_read():
+    config = from_celery_conf({"durable_relay": False, "durable_relay_batch_size": 100,
+                               "durable_relay_poll_interval": 0.25, "durable_outbox_retention": 60})
+    assert (config.relay, config.relay_batch_size, config.relay_poll_interval, config.outbox_retention) == (
+        False, 100, 0.25, 60.0)
+    assert from_celery_conf({}).relay is True

@@ -1,0 +1,146 @@
+"""Pure outbox rules: which publish options a row keeps, how a batch settles, how long the relay waits."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+#: apply_async options a row may carry. Others (a producer, a connection, link callbacks) either
+#: cannot outlive the caller's process or would make a republish start new work.
+OPTION_KEYS = frozenset({
+    "queue", "routing_key", "exchange", "priority", "headers", "countdown", "eta", "expires",
+    "time_limit", "soft_time_limit", "shadow", "serializer",
+})
+
+#: The backoff between publish attempts of one row (and between failing relay passes).
+BACKOFF_BASE = 0.5
+BACKOFF_CAP = 60.0
+
+#: A row that failed this many publishes is flagged: logged at error level and counted, never dropped.
+FLAG_AFTER = 10
+
+
+class OptionInvalid(ValueError):
+    """An option a row cannot keep; the message names it."""
+
+
+def serialize_options(options: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """The JSON form of apply_async options, with relative times made absolute at ``now``.
+
+    ``countdown`` and a numeric ``expires`` count from the enqueue (the caller's
+    clock, the moment it decided), not from whenever the relay publishes.
+    """
+    unknown = sorted(set(options) - OPTION_KEYS)
+    if unknown:
+        raise OptionInvalid(f"option {unknown[0]!r} cannot be stored in the outbox "
+                            f"(allowed: {', '.join(sorted(OPTION_KEYS))})")
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if value is None:
+            continue
+        if key == "countdown":
+            if options.get("eta") is not None:
+                raise OptionInvalid("give countdown or eta, not both")
+            out["eta"] = (now + timedelta(seconds=_seconds("countdown", value))).isoformat()
+        elif key == "eta":
+            out["eta"] = _aware("eta", value).isoformat()
+        elif key == "expires":
+            if isinstance(value, datetime):
+                out["expires"] = _aware("expires", value).isoformat()
+            else:
+                out["expires"] = (now + timedelta(seconds=_seconds("expires", value))).isoformat()
+        elif key == "priority":
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
+                raise OptionInvalid(f"priority must be a whole number 0..255, got {value!r}")
+            out[key] = value
+        elif key in ("queue", "routing_key", "exchange", "shadow", "serializer"):
+            # A kombu Queue or Exchange object stands for its name.
+            name = getattr(value, "name", value)
+            if not isinstance(name, str) or not name:
+                raise OptionInvalid(f"{key} must be a name, got {value!r}")
+            out[key] = name
+        elif key in ("time_limit", "soft_time_limit"):
+            out[key] = _seconds(key, value)
+        elif key == "headers":
+            if not isinstance(value, Mapping):
+                raise OptionInvalid(f"headers must be a mapping, got {value!r}")
+            out[key] = dict(value)
+    try:
+        json.dumps(out, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise OptionInvalid(f"options must be JSON (headers included): {err}") from None
+    return out
+
+
+def _seconds(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise OptionInvalid(f"{key} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _aware(key: str, value: Any) -> datetime:
+    if not isinstance(value, datetime):
+        raise OptionInvalid(f"{key} must be a datetime, got {value!r}")
+    # A naive time would be read in whichever time zone the worker runs with.
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise OptionInvalid(f"{key} must be timezone-aware, got {value!r}")
+    return value
+
+
+def backoff_delay(attempts: int, *, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP) -> float:
+    """Seconds to wait after ``attempts`` consecutive failed publishes: 0, then 0.5, 1, 2, ... up to cap."""
+    if attempts <= 0:
+        return 0.0
+    # min before the power would overflow for a row failing for weeks.
+    return min(cap, base * 2.0 ** min(attempts - 1, 64))
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """How one claimed batch settles once its publishes ran (in id order, stopping at the first error)."""
+
+    published: tuple[int, ...]
+    #: The row whose publish raised, its attempts after this one, and when to try it again.
+    failed: int | None = None
+    failed_attempts: int = 0
+    retry_in: float = 0.0
+    #: True the first time a row reaches FLAG_AFTER failed attempts.
+    flag: bool = False
+    #: Rows after the failure: not tried, left exactly as they were.
+    untried: tuple[int, ...] = ()
+
+
+def settle_batch(ids: Sequence[int], published: int, prior_attempts: int | None,
+                 *, flag_after: int = FLAG_AFTER) -> BatchOutcome:
+    """``published`` rows of ``ids`` went out; ``prior_attempts`` is the next row's count if it raised."""
+    if not 0 <= published <= len(ids):
+        raise ValueError(f"published={published} is outside a batch of {len(ids)}")
+    done = tuple(ids[:published])
+    if prior_attempts is None or published == len(ids):
+        return BatchOutcome(published=done)
+    attempts = prior_attempts + 1
+    return BatchOutcome(
+        published=done,
+        failed=ids[published],
+        failed_attempts=attempts,
+        retry_in=backoff_delay(attempts),
+        flag=attempts == flag_after,
+        untried=tuple(ids[published + 1:]),
+    )
+
+
+def next_wait(*, claimed: int, batch_size: int, failures: int, poll_interval: float) -> float:
+    """Seconds the relay waits before its next pass (a wake-up may cut it short, except after a failure).
+
+    A full batch means more rows are likely waiting: go again at once. A failing
+    pass (broker or database down) backs off by consecutive failures.
+    """
+    if failures > 0:
+        return backoff_delay(failures)
+    if claimed >= batch_size:
+        return 0.0
+    return poll_interval

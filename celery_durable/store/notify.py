@@ -1,0 +1,104 @@
+"""Relay wake-ups: PostgreSQL LISTEN on the outbox channel plus a self-pipe, or the pipe alone (SQLite)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from .outbox import CHANNEL
+
+logger = logging.getLogger(__name__)
+
+
+class Waker:
+    """``wait(timeout)`` returns early on a committed outbox row (PostgreSQL) or on ``wake()``.
+
+    The LISTEN connection is a dedicated DBAPI connection, not one of the
+    pool's: it stays open for the relay's life. If it breaks, waits fall back
+    to the timeout (polling) and it is reopened on the next wait.
+    """
+
+    def __init__(self, engine: Engine | None) -> None:
+        self._engine = engine if engine is not None and engine.dialect.name == "postgresql" else None
+        self._listener: Any = None
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        os.set_blocking(self._write_fd, False)
+
+    @property
+    def listening(self) -> bool:
+        return self._listener is not None
+
+    def open(self) -> None:
+        if self._engine is None or self._listener is not None:
+            return
+        try:
+            cargs, cparams = self._engine.dialect.create_connect_args(self._engine.url)
+            conn = self._engine.dialect.connect(*cargs, **cparams)
+            conn.autocommit = True
+            with conn.cursor() as cursor:
+                cursor.execute(f"LISTEN {CHANNEL}")
+            self._listener = conn
+        except Exception:  # noqa: BLE001 - polling still delivers; log and retry next wait
+            logger.warning("durable.relay.listen_failed", exc_info=True)
+
+    def clear(self) -> None:
+        """Forget notifications seen so far (call just before reading the table)."""
+        listener = self._listener
+        if listener is not None:
+            try:
+                listener.poll()
+                listener.notifies.clear()
+            except Exception:  # noqa: BLE001
+                self._drop()
+        try:
+            while os.read(self._read_fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds; True if woken before it ran out."""
+        self.open()
+        fds: list[Any] = [self._read_fd]
+        listener = self._listener
+        if listener is not None:
+            try:
+                listener.poll()
+                if listener.notifies:
+                    return True
+            except Exception:  # noqa: BLE001
+                self._drop()
+                listener = None
+            else:
+                fds.append(listener)
+        if timeout <= 0:
+            return False
+        ready, _, _ = select.select(fds, [], [], timeout)
+        return bool(ready)
+
+    def wake(self) -> None:
+        try:
+            os.write(self._write_fd, b"x")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full: a wake-up is already pending
+
+    def close(self) -> None:
+        self._drop()
+        for fd in (self._read_fd, self._write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _drop(self) -> None:
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self._listener = None

@@ -1,0 +1,60 @@
+"""The consumer bootstep that runs the outbox relay in a thread of every ``-P durable`` worker."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import bootsteps
+from celery.worker import state as worker_state
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a shutdown waits for the relay's current pass (one batch) to finish.
+JOIN_TIMEOUT = 10.0
+
+
+class OutboxRelay(bootsteps.Step):
+    """Starts the relay once per worker (``durable_relay = False`` turns it off); stops it at shutdown.
+
+    The consumer's ``stop``/``start`` also run on every broker reconnect; the
+    relay keeps running through those (it backs off on its own while the broker
+    is down), so only a worker shutdown stops it.
+    """
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self.relay: Any = None
+        self.thread: threading.Thread | None = None
+
+    def start(self, c: Any) -> None:
+        config = getattr(c, "durable_config", None)
+        if config is None or not config.relay or self.thread is not None:
+            return
+        from ..relay import Relay
+
+        self.relay = Relay(c.app, batch_size=config.relay_batch_size,
+                           poll_interval=config.relay_poll_interval, retention=config.outbox_retention)
+        # Daemon: a relay stuck on a dead database must not hold the worker's exit.
+        self.thread = threading.Thread(target=self._run, name="durable-outbox-relay", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.relay.run()
+        except Exception:  # noqa: BLE001 - the worker keeps running tasks without its relay
+            logger.exception("durable.relay.crashed")
+
+    def stop(self, c: Any) -> None:
+        if worker_state.should_stop is not None or worker_state.should_terminate is not None:
+            self.shutdown(c)
+
+    def shutdown(self, c: Any) -> None:
+        if self.relay is None or self.thread is None:
+            return
+        self.relay.stop()
+        self.thread.join(JOIN_TIMEOUT)
+        self.thread = None

@@ -1,0 +1,49 @@
+"""The app outbox end-to-end processes run: ``durableapp`` plus a task that records its run once, and a relay stall.
+
+``e2e_relay_stall_after`` in E2E_CONF makes a relay process stop (until killed)
+after that many publishes, with the batch published in part and not marked.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import sqlalchemy as sa
+
+from celery_durable import faults
+from tests.e2e.durableapp import app, observe
+
+__all__ = ["app"]
+
+
+def _record(conn: Any, run_id: str) -> str:
+    conn.execute(sa.text("INSERT INTO e2e_effects (run_id, step) VALUES (:r, 'outbox')"), {"r": run_id})
+    return run_id
+
+
+@app.durable_task(bind=True, name="durable.outbox_record", max_retries=5, default_retry_delay=0)
+def outbox_record(self: Any, label: str) -> str:
+    # Transactional: the effect commits with its checkpoint, so two overlapping
+    # deliveries of one task id leave one row.
+    return self.step("record", _record, self.request.id, transactional=True)
+
+
+_stall_after = app.conf.get("e2e_relay_stall_after")
+if _stall_after:
+    _published = 0
+    _lock = threading.Lock()
+
+    def _stall(point: str) -> None:
+        global _published
+        if point != faults.RELAY_AFTER_PUBLISH:
+            return
+        with _lock:
+            _published += 1
+            if _published != int(_stall_after):
+                return
+        observe("relay-stalled", "relay", pid=os.getpid())
+        threading.Event().wait()  # held here, batch unmarked, until the test SIGKILLs the process
+
+    faults.hook = _stall

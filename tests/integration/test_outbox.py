@@ -1,0 +1,229 @@
+"""The transactional outbox on real stores and brokers: rollback, commit, wrong database, broker down, wake-up."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timezone
+from typing import Any
+
+import pytest
+import redis
+import sqlalchemy as sa
+from celery import Celery
+from kombu import Connection
+from sqlalchemy.orm import Session
+
+from celery_durable import OutboxDatabaseMismatch, OutboxInvalid, outbox
+from celery_durable.outbox_metrics import REGISTRY, watch
+from celery_durable.relay import Relay
+from celery_durable.store import outbox as store
+from celery_durable.store.engine import autocommit, ensure_schema
+from tests.e2e.harness import wait_for
+from tests.services import REDIS_URL, broker_url
+
+REDIS_RESTART = ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379",
+                 "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis",
+                 "--logfile", "/var/log/redis/ci.log"]
+
+
+def make_app(broker: str, store_url: str) -> Celery:
+    app = Celery(f"outbox-{uuid.uuid4().hex[:6]}", broker=broker)
+    app.conf.durable_database_url = store_url
+    app.conf.broker_connection_retry_on_startup = True
+
+    @app.task(name="outbox.noop", shared=False)
+    def noop(label: str) -> str:  # pragma: no cover - never run here: the tests read the broker
+        return label
+
+    return app
+
+
+@pytest.fixture
+def user_engine(store_url: str) -> Iterator[sa.engine.Engine]:
+    """The caller's own engine on the durable database (not celery_durable's)."""
+    ensure_schema(store_url)
+    engine = sa.create_engine(store_url)
+    yield engine
+    engine.dispose()
+
+
+def drain_ids(app: Celery, queue: str, *, quiet_for: float = 0.3) -> list[str]:
+    """Every task id waiting in ``queue``, consumed; stops once the queue stayed empty ``quiet_for`` s."""
+    ids: list[str] = []
+    with Connection(app.conf.broker_url) as conn:
+        simple = conn.SimpleQueue(queue, no_ack=True)
+        try:
+            while True:
+                try:
+                    message = simple.get(block=True, timeout=quiet_for)
+                except simple.Empty:
+                    return ids
+                ids.append(message.headers["id"])
+        finally:
+            simple.close()
+
+
+def outbox_row(store_url: str, task_id: str) -> dict[str, Any] | None:
+    with autocommit(ensure_schema(store_url)).connect() as conn:
+        return store.get(conn, task_id)
+
+
+def test_rollback_publishes_nothing_commit_publishes_once(
+        store_url: str, broker: tuple[str, str], user_engine: sa.engine.Engine) -> None:
+    app = make_app(broker[1], store_url)
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    noop = app.tasks["outbox.noop"]
+
+    with Session(user_engine) as session, session.begin():
+        committed = outbox.enqueue(session, noop.s("kept"), queue=queue, countdown=5, priority=3)
+    with user_engine.connect() as conn:
+        trans = conn.begin()
+        rolled_back = outbox.enqueue(conn, noop.s("dropped"), queue=queue)
+        trans.rollback()
+
+    assert outbox_row(store_url, rolled_back.id) is None
+    relay, other = Relay(app), Relay(app)
+    assert relay.run_pass().published == 1
+    # A second relay (and a second pass) finds nothing left: one publish per committed row.
+    assert other.run_pass().claimed == 0 and relay.run_pass().claimed == 0
+    assert drain_ids(app, queue) == [committed.id]
+    row = outbox_row(store_url, committed.id)
+    assert row is not None and row["published_at"] is not None and row["attempts"] == 0
+    assert committed.id != rolled_back.id
+
+
+def test_eta_and_args_travel_in_the_message(store_url: str, user_engine: sa.engine.Engine) -> None:
+    app = make_app(broker_url("redis"), store_url)
+    queue = f"eta-{uuid.uuid4().hex[:8]}"
+    with user_engine.begin() as conn:
+        result = outbox.enqueue(conn, app.tasks["outbox.noop"].s("x"), queue=queue, countdown=30,
+                                headers={"tenant": "t1"})
+    Relay(app).run_pass()
+    with Connection(app.conf.broker_url) as conn:
+        simple = conn.SimpleQueue(queue, no_ack=True)
+        message = simple.get(block=True, timeout=5)
+        simple.close()
+    assert message.headers["id"] == result.id
+    assert message.headers["tenant"] == "t1"
+    assert message.headers["eta"] is not None
+    assert message.decode()[0] == ["x"]
+
+
+def test_a_connection_on_another_database_is_refused(store_url: str, tmp_path: Any) -> None:
+    app = make_app(broker_url("redis"), store_url)
+    other = sa.create_engine(f"sqlite:///{tmp_path / 'not-the-durable-store.sqlite'}")
+    with other.begin() as conn, pytest.raises(OutboxDatabaseMismatch, match="durable_database_url"):
+        outbox.enqueue(conn, app.tasks["outbox.noop"].s("x"))
+    other.dispose()
+
+
+def test_canvas_and_non_json_arguments_are_refused(store_url: str, user_engine: sa.engine.Engine) -> None:
+    app = make_app(broker_url("redis"), store_url)
+    noop = app.tasks["outbox.noop"]
+    with user_engine.begin() as conn:
+        with pytest.raises(OutboxInvalid, match="chain"):
+            outbox.enqueue(conn, noop.s("a") | noop.s())
+        with pytest.raises(OutboxInvalid, match="JSON"):
+            outbox.enqueue(conn, noop.s(object()))
+        with pytest.raises(OutboxInvalid, match="link"):
+            outbox.enqueue(conn, noop.s("a"), link=noop.s())
+
+
+def test_backlog_gauges_read_the_table_at_scrape(store_url: str, user_engine: sa.engine.Engine) -> None:
+    app = make_app(broker_url("redis"), store_url)
+    watch(Relay(app).url)
+    label = next(iter({s.labels["store"] for m in REGISTRY.collect() if m.name == "durable_outbox_backlog"
+                       for s in m.samples}))
+
+    def gauge(name: str) -> float:
+        return float(REGISTRY.get_sample_value(name, {"store": label}) or 0.0)
+
+    before = gauge("durable_outbox_backlog")
+    with user_engine.begin() as conn:
+        for i in range(3):
+            outbox.enqueue(conn, app.tasks["outbox.noop"].s(str(i)), queue=f"g-{uuid.uuid4().hex[:6]}")
+    assert gauge("durable_outbox_backlog") == before + 3
+    assert gauge("durable_outbox_oldest_age_seconds") >= 0.0
+    Relay(app).run_pass()
+    assert gauge("durable_outbox_backlog") == 0
+    assert gauge("durable_outbox_oldest_age_seconds") == 0
+
+
+def redis_up() -> bool:
+    try:
+        return bool(redis.Redis.from_url(REDIS_URL, socket_connect_timeout=0.5).ping())
+    except redis.RedisError:
+        return False
+
+
+def test_broker_down_keeps_rows_and_delivers_after_restart(
+        store_url: str, user_engine: sa.engine.Engine) -> None:
+    app = make_app(broker_url("redis"), store_url)
+    queue = f"down-{uuid.uuid4().hex[:8]}"
+    noop = app.tasks["outbox.noop"]
+    relay = Relay(app, poll_interval=0.05)
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    ids: list[str] = []
+    try:
+        with user_engine.begin() as conn:
+            ids.append(outbox.enqueue(conn, noop.s("before"), queue=queue).id)
+        wait_for(lambda: outbox_row(store_url, ids[0])["published_at"] is not None, timeout=10,
+                 what="the first row to publish")
+        try:
+            subprocess.run(["redis-cli", "-p", "6379", "shutdown", "nosave"], capture_output=True, timeout=10)
+            wait_for(lambda: not redis_up(), timeout=10, what="Redis to stop")
+            for i in range(20):
+                with user_engine.begin() as conn:
+                    ids.append(outbox.enqueue(conn, noop.s(f"during-{i}"), queue=queue).id)
+            # The relay tried while the broker was down: the row stays, with the failure on it.
+            wait_for(lambda: (outbox_row(store_url, ids[1]) or {}).get("attempts", 0) >= 1, timeout=15,
+                     what="a failed publish to be recorded")
+            assert relay.failures >= 1
+            assert outbox_row(store_url, ids[1])["published_at"] is None
+        finally:
+            if not redis_up():
+                subprocess.run(REDIS_RESTART, check=True, timeout=20)
+            wait_for(redis_up, timeout=30, what="Redis to answer again")
+        wait_for(lambda: all(outbox_row(store_url, i)["published_at"] is not None for i in ids[1:]),
+                 timeout=60, what="every row committed while the broker was down to publish")
+        # Redis restarted empty (no persistence): what it holds now is what went out after the restart.
+        assert sorted(drain_ids(app, queue)) == sorted(ids[1:])
+    finally:
+        relay.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+# LISTEN/NOTIFY is PostgreSQL's; on SQLite the relay polls.
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_notify_wakes_the_relay_within_tens_of_ms(user_engine: sa.engine.Engine, store_url: str) -> None:
+    app = make_app(broker_url("redis"), store_url)
+    queue = f"notify-{uuid.uuid4().hex[:8]}"
+    # A poll interval far above the figures below: only a notification explains them.
+    relay = Relay(app, poll_interval=5.0)
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    latencies: list[float] = []
+    try:
+        wait_for(lambda: relay._waker is not None and relay._waker.listening, timeout=10,
+                 what="the relay to LISTEN")
+        for i in range(30):
+            with user_engine.begin() as conn:
+                task_id = outbox.enqueue(conn, app.tasks["outbox.noop"].s(str(i)), queue=queue).id
+            committed = time.time()
+            row = wait_for(lambda: (r := outbox_row(store_url, task_id)) and r["published_at"] and r,
+                           timeout=4, what=f"row {i} to publish on notification", every=0.002)
+            latencies.append(row["published_at"].astimezone(timezone.utc).timestamp() - committed)
+    finally:
+        relay.stop()
+        thread.join(10)
+    p50 = statistics.median(latencies)
+    p99 = sorted(latencies)[int(len(latencies) * 0.99) - 1]
+    print(f"commit-to-publish with LISTEN/NOTIFY: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
+    assert len(drain_ids(app, queue)) == 30
