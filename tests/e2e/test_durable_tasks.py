@@ -90,6 +90,10 @@ def test_a_durable_sleep_frees_the_slot_for_another_task(durable_scenario):
     s, url = durable_scenario("postgresql")
     worker = s.worker(app=APP, conf=conf(url, durable_max_in_flight=1), concurrency=1).wait_ready()
     sleeper_id = s.send_task("q", "durable.sleeper", ["sleeper", 2.0])
+    # The quick task is sent only once the sleeper's re-sent message is back in
+    # this worker, waiting for its wake time: the sleep must not hold the one slot.
+    worker.wait_durable(lambda st: st["scheduled"] == 1 and st["in_flight"] == 0, timeout=20,
+                        what="the sleeping run to wait in the worker without a slot")
     s.send_task("q", "durable.quick", ["quick"])
     wait_for(lambda: s.labelled("woke", "sleeper"), timeout=30, what="the sleeper to wake")
     execs = s.labelled("exec", "sleeper")
