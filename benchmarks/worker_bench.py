@@ -36,7 +36,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,8 @@ class Variant:
     conf: dict[str, Any] = field(default_factory=dict)
     args: tuple[str, ...] = ()
     redis_only: bool = False
+    #: The app module the worker runs (-A): benchapp, or an experiment under benchmarks/experiments.
+    app: str = "benchapp"
 
     @property
     def durable(self) -> bool:
@@ -129,9 +131,10 @@ class Worker:
             BENCH_QUEUES=",".join(queues),
             BENCH_CONF=json.dumps(variant.conf),
             BENCH_OBSERVE=OBSERVE_URL,
-            PYTHONPATH=os.pathsep.join([str(HERE), str(REPO), env.get("PYTHONPATH", "")]),
+            PYTHONPATH=os.pathsep.join([str(HERE), str(HERE / "experiments"), str(REPO),
+                                        env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         )
-        self.argv = [sys.executable, "-m", "celery", "-A", "benchapp", "worker",
+        self.argv = [sys.executable, "-m", "celery", "-A", variant.app, "worker",
                      "-P", variant.pool, "-c", str(variant.concurrency), "-Q", ",".join(queues),
                      "-n", self.name, "--without-mingle", "--without-gossip", "-l", "warning",
                      *variant.args]
@@ -144,8 +147,10 @@ class Worker:
 
     def check_alive(self) -> None:
         if self.process.poll() is not None:
-            raise BenchFailed(f"worker exited with {self.process.returncode}; log {self.log_path}:\n"
-                              f"{self.log()[-2000:]}")
+            lines = [line for line in self.log().splitlines() if line.strip()]
+            last = lines[-1].strip() if lines else "no output"
+            raise BenchFailed(f"worker exited with {self.process.returncode} ({last[:160]}); "
+                              f"log {self.log_path}:\n" + "\n".join(lines[-30:]))
 
     def wait_ready(self, timeout: float = 60.0) -> Worker:
         def ready() -> bool:
@@ -237,14 +242,15 @@ class Broker:
 
     def cleanup(self, queues: Iterable[str], workers: Iterable[Worker] = (), keys: Iterable[str] = ()) -> None:
         queues, workers, keys = list(queues), list(workers), list(keys)
-        if keys:
-            self.observer.delete(*keys)
         try:
+            if keys:
+                self.observer.delete(*keys)
             if self.kind == "redis":
                 client = redis.Redis.from_url(self.url)
                 names = []
                 for q in queues:
-                    names += [q, *(f"{q}{REDIS_PRIORITY_SEP}{p}" for p in (3, 6, 9)), f"_kombu.binding.{q}"]
+                    names += [q, *(f"{q}{REDIS_PRIORITY_SEP}{p}" for p in (3, 6, 9)),
+                              f"_kombu.binding.{q}", f"_kombu.binding_permanent.{q}"]
                 client.delete(*names)
                 # Each worker's remote-control queue and its binding.
                 for w in workers:
@@ -367,8 +373,7 @@ def run_isolation(broker: Broker, variant: Variant, bulk: int, interactive: int,
     workers: list[Worker] = []
     if variant.durable:
         # The queue's real (unique) name is only known now.
-        variant = Variant(variant.label, variant.pool, variant.concurrency,
-                          {**variant.conf, "durable_queue_concurrency": {bulk_q: 2}}, variant.args)
+        variant = replace(variant, conf={**variant.conf, "durable_queue_concurrency": {bulk_q: 2}})
     try:
         w = broker.worker([bulk_q, inter_q], variant)
         workers.append(w)
@@ -389,7 +394,7 @@ def run_isolation(broker: Broker, variant: Variant, bulk: int, interactive: int,
         events = [json.loads(raw) for raw in broker.observer.lrange(key, 0, -1)]
         lat = [e["latency"] * 1000 for e in events if e["label"].startswith("inter")]
         bulk_started = sum(1 for e in events if e["label"].startswith("bulk"))
-        return {"p50": percentile(lat, 50), "p99": percentile(lat, 99), "max": max(lat),
+        return {"min": min(lat), "p50": percentile(lat, 50), "p99": percentile(lat, 99), "max": max(lat),
                 "bulk_started": bulk_started}
     finally:
         stop_all(workers)
@@ -540,10 +545,38 @@ def render(rows: list[Row], *, count: int, rounds: int, samples: int, iso: tuple
                 lines.append([r.broker, r.variant.label, "FAILED", "", "", r.error[:80]])
                 continue
             f = r.figures
-            lines.append([r.broker, r.variant.label, fmt(f["p50"], 1), f"**{fmt(f['p99'], 1)}**",
+            lines.append([r.broker, r.variant.label, fmt(f["min"], 1), fmt(f["p50"], 1), f"**{fmt(f['p99'], 1)}**",
                           fmt(f["max"], 1), str(f["bulk_started"])])
-        table(["broker", "worker", "p50", "p99", "max", "bulk tasks started by then"], lines)
+        table(["broker", "worker", "first", "p50", "p99", "max", "bulk tasks started by then"], lines)
+        # The burst queues behind itself: with 2 slots free for it, the k-th
+        # interactive task cannot start before floor(k/2) × 10 ms.
+        own = [(k // 2) * 10.0 for k in range(iso[1])]
+        out.append(f"A burst of {iso[1]} × 10 ms on the 2 slots `bulk` leaves free cannot do better than "
+                   f"p50 ≈ {percentile(own, 50):.0f} ms, p99 ≈ {percentile(own, 99):.0f} ms (it queues behind "
+                   "itself); `first` is the wait caused by the bulk backlog alone.")
+        out.append("")
     return "\n".join(out)
+
+
+def _code_state() -> str:
+    """The commit measured, and whether the package had uncommitted edits (read-only git)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                                  timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    worker = git("status", "--porcelain", "--", "celery_durable/worker", "celery_durable/planning").splitlines()
+    other = git("status", "--porcelain", "--", "celery_durable").splitlines()
+    state = f"commit {head}"
+    if worker:
+        state += f"; uncommitted edits in the worker: {', '.join(line[3:] for line in worker)}"
+    else:
+        state += "; worker/ and planning/ as committed"
+    if len(other) > len(worker):
+        state += f" ({len(other) - len(worker)} other files under celery_durable/ uncommitted)"
+    return state
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -555,7 +588,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scenarios", default="throughput,pickup,hol,isolation",
                         help="comma list of throughput,pickup,hol,isolation")
     parser.add_argument("--write", metavar="PATH", help="also write the tables (markdown) to PATH")
+    parser.add_argument("--experiment", metavar="MODULE",
+                        help="also run every durable variant with -A MODULE (a patched app in "
+                             "benchmarks/experiments/), side by side with the unpatched one")
     args = parser.parse_args(argv)
+
+    def plan(variants: list[Variant]) -> list[Variant]:
+        if not args.experiment:
+            return variants
+        out: list[Variant] = []
+        for v in variants:
+            out.append(v)
+            if v.durable:
+                out.append(replace(v, label=f"{v.label} + {args.experiment}", app=args.experiment))
+        return out
 
     count = 500 if args.quick else 5000
     rounds = args.rounds or (1 if args.quick else 3)
@@ -573,9 +619,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.monotonic()
         try:
             figures = fn()
-        except BenchFailed as err:
-            print(f"  {scenario:<10} {broker.kind:<8} {variant.label:<40} FAILED: {err}", flush=True)
-            rows.append(Row(scenario, broker.kind, variant, {}, str(err).splitlines()[0]))
+        except Exception as err:  # noqa: BLE001 - one variant failing (a broker restarted under us) ends only it
+            reason = str(err) if isinstance(err, BenchFailed) else f"{type(err).__name__}: {err}"
+            print(f"  {scenario:<10} {broker.kind:<8} {variant.label:<40} FAILED: {reason}", flush=True)
+            rows.append(Row(scenario, broker.kind, variant, {}, (reason.splitlines() or ["?"])[0]))
             return None
         shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in figures.items()}
         print(f"  {scenario:<10} {broker.kind:<8} {variant.label:<40} {shown}  ({time.monotonic() - t0:.0f}s)",
@@ -591,7 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         applicable = lambda vs: [v for v in vs if kind == "redis" or not v.redis_only]  # noqa: E731
 
         if "throughput" in scenarios:
-            variants = applicable(throughput_variants())
+            variants = applicable(plan(throughput_variants()))
             results: dict[Variant, list[dict[str, Any]]] = {v: [] for v in variants}
             failed: dict[Variant, str] = {}
             for _ in range(rounds):
@@ -612,17 +659,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "cpu_ms": [f["cpu_ms"] for f in results[v]],
                     }))
         if "pickup" in scenarios:
-            for v in applicable(pickup_variants()):
+            for v in applicable(plan(pickup_variants())):
                 figures = attempt("pickup", broker, v, lambda v=v: run_pickup(broker, v, samples))
                 if figures is not None:
                     rows.append(Row("pickup", kind, v, figures))
         if "hol" in scenarios:
-            for v in applicable(hol_variants()):
+            for v in applicable(plan(hol_variants())):
                 figures = attempt("hol", broker, v, lambda v=v: run_head_of_line(broker, v))
                 if figures is not None:
                     rows.append(Row("hol", kind, v, figures))
         if "isolation" in scenarios:
-            for v in applicable(isolation_variants()):
+            for v in applicable(plan(isolation_variants())):
                 figures = attempt("isolation", broker, v, lambda v=v: run_isolation(broker, v, *iso))
                 if figures is not None:
                     rows.append(Row("isolation", kind, v, figures))
@@ -644,9 +691,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"Celery {__import__('celery').__version__}, kombu {__import__('kombu').__version__}",
             f"- brokers: {', '.join(kinds)} (local); workers at `-l warning`, "
             "`--without-mingle --without-gossip`; total run {:.0f} s".format(elapsed),
+            f"- code: {_code_state()}",
             "",
         ]
-        Path(args.write).write_text("\n".join(header) + report + "\n")
+        Path(args.write).write_text("\n".join(header) + "\n" + report + "\n")
         print(f"written to {args.write}")
     return 1 if any(r.error for r in rows) else 0
 

@@ -103,7 +103,10 @@ class Claimer:
         self._claim_channel = self._connection.channel()
         self._fetcher = fetcher_for(self._claim_channel, self._accept)
         self.running = True
-        self.kick()
+        # The first pass (and the idle wait it arms) runs now, before the worker
+        # says ready, as stock Celery's consume does: a kick would queue it
+        # beside asynloop's blocking 100 ms AMQP drain, which may go first.
+        self._kicked()
 
     def stop(self) -> None:
         """Stop claiming now: a pass checks this between two asks."""
@@ -152,9 +155,11 @@ class Claimer:
             got = self._fetch(queues[ask.queue], ask.count)
             sweep = record(sweep, ask, got)
         self.cursor = sweep.cursor
-        if self.claiming and self.held.room() > 0:
+        if self.claiming and self.held.room() > 0 and not self._kick_pending:
             # Every queue with a free slot gave less than it was asked for: wait
-            # on all of them at once instead of polling.
+            # on all of them at once instead of polling. Not while a kick is
+            # pending (runs finished during the pass): that pass re-plans, and
+            # arming now would cost a consume and a cancel for nothing.
             self._arm_idle_wait(queues)
         return sweep.claimed
 
@@ -217,9 +222,12 @@ class Claimer:
     def _idle_delivery(self, queue_name: str, messages: list[Any]) -> Callable[[Any], None]:
         def on_message(message: Any) -> None:
             messages.append(message)
-            self._cancel_idle_wait()
             self.cursor = queue_name
+            # Admitted before the wait is cancelled (a synchronous round trip on
+            # AMQP): the wait's channel has a prefetch of one, so nothing else
+            # can arrive on it meanwhile.
             self._admit(queue_name, message)
+            self._cancel_idle_wait()
             # One message woke us: fill the rest of the room with planned asks.
             self.kick()
 
