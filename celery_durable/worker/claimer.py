@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from time import monotonic
 from typing import Any
 
 from kombu import Consumer as KombuConsumer
@@ -68,7 +67,6 @@ class Claimer:
         schedule: Callable[[Callable[[], None]], None],
         stop_requested: Callable[[], bool] = lambda: False,
         before_pass: Callable[[], None] = lambda: None,
-        on_admitted: Callable[[HeldRun], None] | None = None,
     ) -> None:
         self._connection = connection
         self._queues = queues
@@ -77,7 +75,6 @@ class Claimer:
         self._schedule = schedule
         self._stop_requested = stop_requested
         self._before_pass = before_pass
-        self._on_admitted = on_admitted
         self.handler: Callable[[Any], Any] | None = None
         self.cursor: str | None = None
         self.running = False
@@ -90,7 +87,6 @@ class Claimer:
         self._idle_channel_messages: list[Any] | None = None
         self._admitting: HeldRun | None = None
         self.passes = 0
-        self.last_pass_at = 0.0
 
     # -- lifecycle -----------------------------------------------------------
     @property
@@ -147,7 +143,6 @@ class Claimer:
         room = self.held.room()
         sweep = begin_sweep(order, {q: free.get(q, 0) for q in order}, room, self.cursor)
         self.passes += 1
-        self.last_pass_at = monotonic()
         while self.claiming:
             ask, sweep = next_ask(sweep)
             if ask is None:
@@ -186,8 +181,6 @@ class Claimer:
             elif getattr(run.request, "_eta_timer_entry", None) is not None:
                 # Waiting for its ETA: it frees its slot until it is due.
                 self.held.schedule(message)
-        if self._on_admitted is not None:
-            self._on_admitted(run)
 
     def _handle(self, message: Any) -> None:
         if self.handler is None:

@@ -76,7 +76,7 @@ class Drain:
             else:
                 # Acked at start (acks_late off): the broker no longer has it,
                 # so a copy goes back, same id, same retry count.
-                self._republish(message)
+                self._republish(message, run.queue)
         except Exception:  # noqa: BLE001 - logged with the task id; nothing else can be done here
             logger.exception("durable.drain.hand_back_failed queue=%s", run.queue)
         else:
@@ -89,7 +89,7 @@ class Drain:
             except ProcessLookupError:
                 pass
 
-    def _republish(self, message: Any) -> None:
+    def _republish(self, message: Any, queue: str) -> None:
         app = self._consumer.app
         delivery = message.delivery_info or {}
         properties = dict(message.properties or {})
@@ -99,7 +99,7 @@ class Drain:
             connection.Producer().publish(
                 message.body,
                 exchange=delivery.get("exchange", ""),
-                routing_key=delivery.get("routing_key", run_queue_fallback(message)),
+                routing_key=delivery.get("routing_key") or queue,
                 headers=message.headers,
                 content_type=message.content_type,
                 content_encoding=message.content_encoding,
@@ -111,10 +111,6 @@ class Drain:
 
 def _started(run: HeldRun) -> bool:
     return run.request is not None and getattr(run.request, "time_start", None) is not None
-
-
-def run_queue_fallback(message: Any) -> str:
-    return str((message.delivery_info or {}).get("routing_key") or "celery")
 
 
 def _task_id(message: Any) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvariantBroken
@@ -26,7 +26,6 @@ class HeldRun:
     #: Waiting for its ETA/countdown: counted, but holding no slot until it
     #: is due (a durable sleep or a long countdown must not fill the worker).
     scheduled: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class HeldRuns:
