@@ -41,9 +41,9 @@ def show_config(ctx: click.Context) -> None:
 def migrate_store(ctx: click.Context) -> None:
     """Upgrade the durable store (durable_database_url) to this version's schema."""
     from .errors import DurableError
-    from .store.engine import migrate, resolve_url
+    from .store.engine import migrate, store_url
 
-    url = resolve_url(ctx.obj.app.conf.get("durable_database_url"))
+    url = store_url(ctx.obj.app)
     try:
         before, after = migrate(url)
     except DurableError as err:

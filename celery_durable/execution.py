@@ -13,7 +13,7 @@ from .checkpoints import Ledger, encode, from_json
 from .context import RunContext, _current
 from .errors import NotDurable
 from .store import runs, steps
-from .store.engine import autocommit, ensure_schema, resolve_url, unavailable_as_error
+from .store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
 from .store.runs import Run
 from .store.schema import DEAD, FAILED, SUCCEEDED
 
@@ -36,7 +36,7 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
     if request.called_directly:
         raise NotDurable(f"{task.name} is a durable task: run it with .delay(), .apply_async() or .apply(), "
                          f"not by calling it (a run needs a task id)")
-    url = resolve_url(task.app.conf.get("durable_database_url"))
+    url = store_url(task.app)
     # Checked before anything is written: a run is stored only if it can be requeued as it came.
     args_json = encode(f"the arguments of {task.name}", list(args))
     kwargs_json = encode(f"the keyword arguments of {task.name}", dict(kwargs))

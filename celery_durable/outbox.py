@@ -16,7 +16,7 @@ from .checkpoints import encode
 from .errors import NotJSON, OutboxDatabaseMismatch, OutboxInvalid
 from .planning.outbox import OptionInvalid, serialize_options
 from .store import outbox as store
-from .store.engine import ensure_schema, resolve_url
+from .store.engine import ensure_schema, resolve_url, store_url
 
 __all__ = ["enqueue"]
 
@@ -37,7 +37,7 @@ def enqueue(session_or_connection: Session | Connection, signature: Signature, *
                             f"{type(signature).__name__}")
     conn = _connection(session_or_connection)
     app = signature.app
-    url = resolve_url(app.conf.get("durable_database_url"))
+    url = store_url(app)
     _check_same_database(conn.engine.url, url)
     ensure_schema(url)
 

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from . import faults, outbox_metrics
 from .planning.outbox import FLAG_AFTER, BatchOutcome, next_wait, settle_batch
 from .store import outbox as store
-from .store.engine import ensure_schema, resolve_url, store_exists, unavailable_as_error
+from .store.engine import ensure_schema, resolve_url, store_exists, store_url, unavailable_as_error
 from .store.notify import Waker
 from .store.runs import render_error
 
@@ -56,7 +56,7 @@ class Relay:
                  poll_interval: float = 1.0, retention: float = 86400.0, flag_after: int = FLAG_AFTER,
                  listen: bool = True, now: Callable[[], datetime] = _now) -> None:
         self.app = app
-        self.url = resolve_url(url if url is not None else app.conf.get("durable_database_url"))
+        self.url = resolve_url(url) if url is not None else store_url(app)
         self.batch_size = batch_size
         self.poll_interval = poll_interval
         self.retention = retention

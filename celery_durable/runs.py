@@ -7,7 +7,7 @@ from typing import Any
 
 from .errors import RunNotDead, RunNotFound
 from .store import runs as store_runs
-from .store.engine import ensure_schema, resolve_url, unavailable_as_error
+from .store.engine import ensure_schema, store_url, unavailable_as_error
 from .store.runs import Run
 from .store.schema import DEAD
 
@@ -22,7 +22,7 @@ def _app(app: Any) -> Any:
 
 def get(run_id: str, *, app: Any = None) -> Run:
     app = _app(app)
-    url = resolve_url(app.conf.get("durable_database_url"))
+    url = store_url(app)
     engine = ensure_schema(url)
     with unavailable_as_error(url), engine.connect() as conn:
         run = store_runs.get(conn, run_id)
@@ -39,7 +39,7 @@ def requeue(run_id: str, *, app: Any = None) -> Run:
     commit instead of seeing the run still dead; a failed publish leaves it dead.
     """
     app = _app(app)
-    url = resolve_url(app.conf.get("durable_database_url"))
+    url = store_url(app)
     engine = ensure_schema(url)
     with unavailable_as_error(url), engine.begin() as conn:
         run = store_runs.get(conn, run_id)

@@ -31,6 +31,11 @@ _checked: set[tuple[int, str]] = set()
 _lock = threading.Lock()
 
 
+def store_url(app: Any) -> str:
+    """The durable store URL of a Celery app (``durable_database_url``, or the default SQLite file)."""
+    return resolve_url(app.conf.get("durable_database_url"))
+
+
 def resolve_url(url: str | None) -> str:
     """The URL as the store uses it; a relative SQLite path is fixed to the working directory now."""
     url = url or DEFAULT_URL
