@@ -85,3 +85,32 @@ def work(key: str, label: str, sent: float, seconds: float) -> None:
     client.rpush(key, json.dumps({"label": label, "latency": latency}))
     if seconds:
         time.sleep(seconds)
+
+
+# -- durable-task throughput (benchmarks/durable_task_bench.py) ------------------------------
+def _unit(i: int) -> int:
+    """The work each step wraps: trivial, so the difference measured is the checkpointing."""
+    return i + 1
+
+
+def _tally(key: str, started: float) -> None:
+    _, tally = _observer()
+    tally(keys=[f"{key}:n", f"{key}:first", f"{key}:last"], args=[repr(started), repr(time.time())])
+
+
+@app.task(name="bench.plain3")
+def plain3(key: str, i: int) -> int:
+    """Three calls of the unit of work, then the tally: the plain task beside ``durable3``."""
+    started = time.time()
+    total = _unit(i) + _unit(i) + _unit(i)
+    _tally(key, started)
+    return total
+
+
+@app.durable_task(bind=True, name="bench.durable3")
+def durable3(self: Any, key: str, i: int) -> int:
+    """The same three calls as ``plain3``, each a checkpointed step."""
+    started = time.time()
+    total = self.step("a", _unit, i) + self.step("b", _unit, i) + self.step("c", _unit, i)
+    _tally(key, started)
+    return total

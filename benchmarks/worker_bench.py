@@ -278,13 +278,15 @@ class Row:
     error: str | None = None
 
 
-def run_throughput(broker: Broker, variant: Variant, count: int) -> dict[str, Any]:
+def run_throughput(broker: Broker, variant: Variant, count: int, task: str = "bench.noop",
+                   extra_args: Callable[[int], list[Any]] = lambda i: []) -> dict[str, Any]:
+    """``count`` tasks pre-loaded, then one worker; ``task`` takes the tally key, then ``extra_args(i)``."""
     (queue,) = broker.queues("tp")
     key = f"bench:tp:{uuid.uuid4().hex}"
     workers: list[Worker] = []
     try:
         broker.declare([queue])
-        broker.preload(queue, "bench.noop", lambda i: [key], count)
+        broker.preload(queue, task, lambda i: [key, *extra_args(i)], count)
         w = broker.worker([queue], variant)
         workers.append(w)
         w.wait_ready()
@@ -293,7 +295,7 @@ def run_throughput(broker: Broker, variant: Variant, count: int) -> dict[str, An
         def done() -> bool:
             w.check_alive()
             return int(broker.observer.get(f"{key}:n") or 0) >= count
-        wait_for(done, timeout=60 + count / 20, what=f"{count} no-op tasks", every=0.1)
+        wait_for(done, timeout=60 + count / 20, what=f"{count} {task} tasks", every=0.1)
         cpu = w.cpu_seconds() - cpu0
         first = float(broker.observer.get(f"{key}:first"))
         last = float(broker.observer.get(f"{key}:last"))
