@@ -47,7 +47,9 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
         try:
             run, fresh = runs.begin_attempt(conn, run_id=request.id, task_name=task.name, queue=queue,
                                             args=args_json, kwargs=kwargs_json)
-            ledger = Ledger(stored=steps.load(conn, run.id)) if fresh else Ledger()
+            # attempts == 1 only on the insert that created the run: no step can exist yet,
+            # so a new run skips the read (every later attempt counts one more).
+            ledger = Ledger(stored=steps.load(conn, run.id)) if fresh and run.attempts > 1 else Ledger()
         except BaseException:
             conn.close()
             raise
