@@ -22,6 +22,7 @@ from .errors import (
     StepNameInvalid,
     StoreUnavailable,
 )
+from .revocation import connect as _cancel_runs_on_revoke
 from .worker.boot import register as _register_pool
 
 __all__ = [
@@ -57,10 +58,12 @@ def install(app: Any) -> Any:
     """Install celery_durable on a Celery app; returns the app. Calling it again changes nothing.
 
     Registers ``-P durable`` (also usable as ``app.conf.worker_pool =
-    "durable"``) and adds ``app.durable_task``. Settings are read and validated
-    when a worker boots; the durable store is opened on a durable task's first run.
+    "durable"``), adds ``app.durable_task`` and makes a revoke of a durable task
+    cancel its run (any pool). Settings are read and validated when a worker
+    boots; the durable store is opened on a durable task's first run.
     """
     _register_pool()
+    _cancel_runs_on_revoke()
     if not isinstance(getattr(app, "durable_task", None), functools.partial):
         app.durable_task = functools.partial(durable_task, app)
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -18,6 +19,8 @@ from .errors import NotDurable, StepNameInvalid
 from .store import steps
 from .store.engine import unavailable_as_error
 from .store.runs import Run
+
+logger = logging.getLogger("celery_durable.run")
 
 
 @dataclass
@@ -68,6 +71,15 @@ class RunContext:
         if remaining <= 0:
             return
         task, request = self.task, self.task.request
+        if request.is_eager:
+            # Eager (task_always_eager, .apply()): there is no worker to wake
+            # it, and Celery runs an eager countdown at once; so does this
+            # sleep. Re-sending would run the body again right here, sleeping
+            # again, without end.
+            logger.info("durable.sleep.eager name=%s id=%s: not waiting %.3fs (eager run)", name,
+                        self.run.id, remaining,
+                        extra={"event": "durable.sleep.eager", "run_id": self.run.id, "step": name})
+            return
         # Same id, args and retries count: the sleep does not burn an attempt.
         task.signature_from_request(request, countdown=remaining, retries=request.retries).apply_async()
         raise Ignore(f"durable sleep {name!r}: woken again in {remaining:.3f}s")
@@ -103,5 +115,11 @@ def step(name: str, fn: Callable[..., Any], *args: Any, transactional: bool = Fa
 
 
 def sleep(name: str, seconds: float) -> None:
-    """A durable sleep: the run is re-sent with a countdown and this execution ends (frees its slot)."""
+    """A durable sleep: the run is re-sent with a countdown and this execution ends (frees its slot).
+
+    The wake time is a checkpoint: a redelivery before it sleeps again, one
+    after it carries on. In an eager run (``task_always_eager``, ``.apply()``)
+    the sleep returns at once, as Celery runs an eager countdown at once: the
+    body carries on in the caller, and the wake time is still recorded.
+    """
     current().sleep(name, seconds)

@@ -29,7 +29,10 @@ class DurableTask(Task):  # type: ignore[misc]
         return current().step(name, fn, args, kwargs, transactional)
 
     def sleep(self, name: str, seconds: float) -> None:  # type: ignore[override]
-        """Sleep durably: the run is re-sent to wake after ``seconds``; its slot is freed now."""
+        """Sleep durably: the run is re-sent to wake after ``seconds``; its slot is freed now.
+
+        In an eager run it returns at once (see :func:`celery_durable.sleep`).
+        """
         current().sleep(name, seconds)
 
 

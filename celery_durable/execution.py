@@ -67,27 +67,29 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
             # A durable sleep (or the body's own choice): the run is not over and did not fail.
             raise
         except Retry as exc:
-            _settle(ctx, FAILED, error=runs.render_error(exc.exc or exc), quiet=True)
-            metrics.count(run.queue, "failed")
+            if _settle(ctx, FAILED, error=runs.render_error(exc.exc or exc), quiet=True):
+                metrics.count(run.queue, "failed")
             raise
         except Exception as exc:
             if will_retry(task, exc):
-                _settle(ctx, FAILED, error=runs.render_error(exc), quiet=True)
-                metrics.count(run.queue, "failed")
+                if _settle(ctx, FAILED, error=runs.render_error(exc), quiet=True):
+                    metrics.count(run.queue, "failed")
             else:
                 settled = _settle(ctx, DEAD, error=runs.render_error(exc), quiet=True)
-                logger.error("durable.run.dead task=%s id=%s error=%s", task.name, run.id,
-                             settled.last_error,
-                             extra={"event": "durable.run.dead", "task": task.name, "run_id": run.id,
-                                    "error": settled.last_error})
-                metrics.count(run.queue, "dead_lettered")
-                _call_hook(task, settled)
+                if settled is not None:
+                    logger.error("durable.run.dead task=%s id=%s error=%s", task.name, run.id,
+                                 settled.last_error,
+                                 extra={"event": "durable.run.dead", "task": task.name, "run_id": run.id,
+                                        "error": settled.last_error})
+                    metrics.count(run.queue, "dead_lettered")
+                    call_hook(task, settled)
             raise
         # Not quiet: if the outcome cannot be written the attempt fails and
         # retries, replaying every step, instead of ending unrecorded.
         settled = _settle(ctx, SUCCEEDED, result=encoded, quiet=False)
-        metrics.count(run.queue, "succeeded")
-        _call_hook(task, settled)
+        if settled is not None:
+            metrics.count(run.queue, "succeeded")
+            call_hook(task, settled)
         return value
     finally:
         _current.reset(token)
@@ -95,16 +97,22 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
 
 
 def _settle(ctx: RunContext, state: str, *, result: str | None = None, error: str | None = None,
-            quiet: bool) -> Run:
+            quiet: bool) -> Run | None:
+    """The run as settled by this attempt; None if a cancel settled it first (nothing left to count)."""
     try:
         with unavailable_as_error(ctx.url):
-            return runs.settle(ctx.conn, ctx.run, state, result=result, error=error)
+            settled = runs.settle(ctx.conn, ctx.run, state, result=result, error=error)
     except Exception:
         if not quiet:
             raise
         # The body's own exception is what Celery must see; the row keeps its last state.
         logger.warning("durable.run.settle_failed id=%s state=%s", ctx.run.id, state, exc_info=True)
         return Run(**{**ctx.run.__dict__, "state": state, "result": result, "last_error": error})
+    if settled is None:
+        logger.info("durable.run.settled_before id=%s state=%s: cancelled while this attempt ran",
+                    ctx.run.id, state,
+                    extra={"event": "durable.run.settled_before", "run_id": ctx.run.id, "state": state})
+    return settled
 
 
 def _duplicate(task: Any, run: Run) -> Any:
@@ -118,7 +126,8 @@ def _duplicate(task: Any, run: Run) -> Any:
     raise Ignore(f"durable run {run.id} already settled as {run.state}")
 
 
-def _call_hook(task: Any, run: Run) -> None:
+def call_hook(task: Any, run: Run) -> None:
+    """Hand a settled run to the task's ``on_settled`` hook; a failing hook is logged, never raised."""
     hook = getattr(task, "on_settled", None)
     if hook is None:
         return

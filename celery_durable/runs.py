@@ -37,24 +37,36 @@ def requeue(run_id: str, *, app: Any = None) -> Run:
     The run is reopened and the message published inside one transaction that
     holds the run's row: a worker that gets the message at once waits for the
     commit instead of seeing the run still dead; a failed publish leaves it dead.
+
+    Under ``task_always_eager`` the run is executed here, after the reopen
+    commits (executing it inside that transaction would wait on its own row
+    lock), and the run is returned as that execution left it.
     """
     app = _app(app)
     url = store_url(app)
     engine = ensure_schema(url)
+    eager = bool(app.conf.task_always_eager)
     with unavailable_as_error(url), engine.begin() as conn:
         run = store_runs.get(conn, run_id)
         if run is None:
             raise RunNotFound(f"no durable run has id {run_id!r}")
         if run.state != DEAD or not store_runs.reopen_dead(conn, run_id):
             raise RunNotDead(f"run {run_id} is {run.state}; only a dead run can be requeued")
-        options: dict[str, Any] = {"task_id": run.id}
-        if run.queue:
-            options["queue"] = run.queue
-        args, kwargs = json.loads(run.args), json.loads(run.kwargs)
-        task = app.tasks.get(run.task_name)
-        if task is not None:
-            task.apply_async(args, kwargs, **options)
-        else:
-            app.send_task(run.task_name, args, kwargs, **options)
-        reopened = store_runs.get(conn, run_id)
-    return reopened or run
+        if not eager:
+            _send(app, run)
+            return store_runs.get(conn, run_id) or run
+    _send(app, run)
+    with unavailable_as_error(url), engine.connect() as conn:
+        return store_runs.get(conn, run_id) or run
+
+
+def _send(app: Any, run: Run) -> None:
+    options: dict[str, Any] = {"task_id": run.id}
+    if run.queue:
+        options["queue"] = run.queue
+    args, kwargs = json.loads(run.args), json.loads(run.kwargs)
+    task = app.tasks.get(run.task_name)
+    if task is not None:
+        task.apply_async(args, kwargs, **options)
+    else:
+        app.send_task(run.task_name, args, kwargs, **options)

@@ -1,4 +1,4 @@
-"""SQL for durable runs: start an attempt (or find it settled), settle it, read it, reopen a dead one."""
+"""SQL for durable runs: start an attempt (or find it settled), settle or cancel it, read it, reopen a dead one."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .schema import DEAD, FAILED, RUNNING, SETTLED, runs
+from .schema import CANCELLED, DEAD, FAILED, RUNNING, SETTLED, runs
 
 #: Longest rendered error kept on a run: a traceback-sized message must not bloat the row.
 MAX_ERROR_CHARS = 2000
@@ -84,19 +84,52 @@ def begin_attempt(conn: Connection, *, run_id: str, task_name: str, queue: str |
 
 
 def settle(conn: Connection, run: Run, state: str, *, result: str | None = None,
-           error: str | None = None) -> Run:
+           error: str | None = None) -> Run | None:
     """Write the outcome of this attempt; returns the run as it now stands.
 
-    ``error=None`` keeps the last error: a run that succeeded on a retry still
-    shows what failed before.
+    None when the run settled meanwhile (a revoke cancelled it while this
+    attempt ran): the first outcome stands. ``error=None`` keeps the last
+    error: a run that succeeded on a retry still shows what failed before.
     """
     at = now()
     values: dict[str, Any] = {"state": state, "result": result, "updated_at": at,
                               "finished_at": at if state in SETTLED else None}
     if error is not None:
         values["last_error"] = error
-    conn.execute(sa.update(runs).where(runs.c.id == run.id).values(**values))
+    written = conn.execute(
+        sa.update(runs).where(runs.c.id == run.id, runs.c.state.not_in(sorted(SETTLED))).values(**values)
+    )
+    if written.rowcount != 1:
+        return None
     return Run(**{**run.__dict__, **values})
+
+
+def cancel(conn: Connection, *, run_id: str, task_name: str, queue: str | None, args: str, kwargs: str,
+           reason: str) -> Run | None:
+    """Settle a run as cancelled, or record it cancelled before it ever started; None if it had settled.
+
+    One statement, like :func:`begin_attempt`: whichever of a cancel and an
+    attempt's outcome is written first stands.
+    """
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    elif conn.dialect.name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:
+        raise NotImplementedError(f"celery_durable supports PostgreSQL and SQLite, not {conn.dialect.name}")
+    at = now()
+    # Built per call (not cached like begin_attempt's): a cancel is rare.
+    stmt = insert(runs).values(
+        id=run_id, task_name=task_name, queue=queue, state=CANCELLED, attempts=0, args=args,
+        kwargs=kwargs, last_error=reason, started_at=at, updated_at=at, finished_at=at,
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[runs.c.id],
+        set_={"state": CANCELLED, "last_error": reason, "updated_at": at, "finished_at": at},
+        where=runs.c.state.not_in(sorted(SETTLED)),
+    ).returning(*runs.c)
+    row = conn.execute(stmt).one_or_none()
+    return None if row is None else Run(**row._mapping)
 
 
 def get(conn: Connection, run_id: str) -> Run | None:

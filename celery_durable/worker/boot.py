@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import sys
 from typing import Any
 
@@ -10,6 +12,7 @@ from celery import concurrency, signals
 
 from ..config import DurableConfig, from_celery_conf
 from ..errors import ConfigInvalid
+from . import count_files
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +78,8 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
         raise SystemExit(f"celery_durable: refusing to start: {err}") from None
     worker.durable_config = config
     worker.pool_cls = THREAD_POOL_PATH if config.execution == "threads" else POOL_PATH
+    if config.execution == "prefork":
+        _share_counts(worker)
     worker.consumer_cls = CONSUMER_PATH
     if not getattr(worker, "_durable_concurrency_given", True):
         consumed = list(worker.app.amqp.queues.consume_from)
@@ -90,6 +95,24 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
             "the worker holds at most %s (it never buffers runs the pool cannot start)",
             config.max_in_flight, worker.concurrency, worker.concurrency,
         )
+
+
+def _share_counts(worker: Any) -> None:
+    # worker_init comes before the pool forks: every child inherits the
+    # directory's name, so the parent's metrics endpoint sums their run counts.
+    directory = count_files.share()
+    worker._durable_counts_dir = directory
+    owner = os.getpid()
+
+    def remove(sender: Any = None, **_: Any) -> None:
+        # A forked child inherits atexit handlers: only the worker removes it.
+        if os.getpid() == owner and sender in (None, worker):
+            count_files.unshare(directory)
+
+    # Sent after a warm shutdown has joined the pool: no child counts after it.
+    signals.worker_shutdown.connect(remove, weak=False)
+    # A cold shutdown sends no worker_shutdown.
+    atexit.register(remove)
 
 
 def _validated_config(worker: Any) -> DurableConfig:

@@ -39,7 +39,12 @@ def _key(suffix: str) -> str:
     return f"{os.environ['E2E_KEY']}:{suffix}"
 
 
-@app.durable_task(bind=True, name="durable.three_steps", max_retries=3, default_retry_delay=0)
+def _settled(run: Any) -> None:
+    observe("settled", run.id, state=run.state, error=run.last_error)
+
+
+@app.durable_task(bind=True, name="durable.three_steps", max_retries=3, default_retry_delay=0,
+                  on_settled=_settled)
 def three_steps(self: Any, label: str) -> str:
     run_id = self.request.id
     self.step("s1", effect, run_id, "s1")
@@ -64,7 +69,7 @@ def sleeper(self: Any, label: str, seconds: float) -> str:
     return label
 
 
-@app.durable_task(bind=True, name="durable.quick")
+@app.durable_task(bind=True, name="durable.quick", on_settled=_settled)
 def quick(self: Any, label: str) -> str:
     observe("start", label, id=self.request.id)
     observe("end", label, id=self.request.id)
@@ -75,10 +80,6 @@ def _ship(run_id: str) -> str:
     if not _client().get(_key("carrier-fixed")):
         raise RuntimeError("carrier rejected the parcel")
     return effect(run_id, "ship")
-
-
-def _settled(run: Any) -> None:
-    observe("settled", run.id, state=run.state, error=run.last_error)
 
 
 @app.durable_task(bind=True, name="durable.doomed", max_retries=1, default_retry_delay=0, on_settled=_settled)

@@ -289,3 +289,85 @@ def test_a_schema_older_than_the_code_is_refused_with_the_migrate_command(store_
     result = job.apply(task_id="run-8")
     assert isinstance(result.result, SchemaOutdated)
     assert "0000_older" in str(result.result) and "durable migrate" in str(result.result)
+
+
+def test_a_cancel_settles_a_run_once_and_wins_over_a_later_outcome(store_url):
+    from celery.app.task import Context
+
+    from celery_durable.revocation import cancel_revoked
+
+    app = make_app(store_url)
+    settled: list[Any] = []
+    calls: list[str] = []
+
+    @app.durable_task(shared=False, bind=True, name="it.cancellable", on_settled=settled.append)
+    def job(self, n: int) -> str:
+        calls.append("body")
+        if n == 2:
+            # Revoked (terminate=True) while running: the worker cancels it before this attempt ends.
+            cancel_revoked(self, Context(id=self.request.id, args=[n], kwargs={}), reason="revoked: terminated")
+        return "done"
+
+    before = metrics.value(None, "cancelled")
+    # Revoked before it ever ran: recorded cancelled, so no delivery runs it.
+    cancelled = cancel_revoked(job, Context(id="run-c1", args=[1], kwargs={}), reason="revoked")
+    assert (cancelled.state, cancelled.attempts, cancelled.args, cancelled.last_error) == (
+        "cancelled", 0, "[1]", "revoked")
+    assert job.apply((1,), task_id="run-c1").state == "IGNORED"
+    assert calls == []
+    # A second revoke of a settled run changes nothing and calls nothing.
+    assert cancel_revoked(job, Context(id="run-c1", args=[1], kwargs={}), reason="revoked") is None
+
+    job.apply((2,), task_id="run-c2")
+    run = run_row(store_url, "run-c2")
+    assert (run.state, run.result, run.last_error) == ("cancelled", None, "revoked: terminated")
+    assert [(r.id, r.state) for r in settled] == [("run-c1", "cancelled"), ("run-c2", "cancelled")]
+    assert metrics.value(None, "cancelled") == before + 2
+    assert calls == ["body"]
+
+
+def test_an_eager_run_sleeps_without_waiting_and_carries_on(store_url):
+    app = make_app(store_url)
+    app.conf.task_always_eager = True
+    calls: list[str] = []
+
+    @app.durable_task(shared=False, bind=True)
+    def remind(self) -> str:
+        self.step("before", lambda: calls.append("before"))
+        self.sleep("a-day", 86400)
+        self.step("after", lambda: calls.append("after"))
+        return "reminded"
+
+    result = remind.delay()
+    assert result.get(timeout=10) == "reminded"
+    assert calls == ["before", "after"]
+    run = run_row(store_url, result.id)
+    assert (run.state, run.attempts) == ("succeeded", 1)
+    # The wake time is still a checkpoint, a day ahead.
+    assert [r[0] for r in step_rows(store_url, result.id)] == ["a-day", "after", "before"]
+
+
+def test_an_eager_requeue_runs_the_dead_run_here_without_rerunning_its_steps(store_url):
+    app = make_app(store_url)
+    app.conf.task_always_eager = True
+    calls: list[str] = []
+    broken = {"on": True}
+
+    def ship() -> str:
+        calls.append("ship")
+        if broken["on"]:
+            raise RuntimeError("carrier rejected the parcel")
+        return "shipped"
+
+    @app.durable_task(shared=False, bind=True, max_retries=0)
+    def order(self) -> str:
+        self.step("charge", lambda: calls.append("charge") or "ch-1")
+        return self.step("ship", ship)
+
+    result = order.delay()
+    assert result.failed()
+    assert run_row(store_url, result.id).state == "dead"
+    broken["on"] = False
+    requeued = durable_runs.requeue(result.id, app=app)
+    assert (requeued.state, requeued.result) == ("succeeded", '"shipped"')
+    assert calls == ["charge", "ship", "ship"]

@@ -1,0 +1,100 @@
+"""jobs_total summed over a worker's processes: forked children write count files, the reader sums them."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from celery_durable import metrics
+from celery_durable.worker import count_files
+
+QUEUE = "count-files-q"
+
+
+def _count_in_child(outcomes: list[str]) -> None:
+    for outcome in outcomes:
+        metrics.count(QUEUE, outcome)
+    os._exit(0)
+
+
+def _fork_and_count(*outcomes: str) -> None:
+    child = multiprocessing.get_context("fork").Process(target=_count_in_child, args=(list(outcomes),))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+
+
+@pytest.fixture
+def shared(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    monkeypatch.setenv(count_files.ENV_VAR, str(tmp_path))
+    return tmp_path
+
+
+def test_children_counts_reach_the_parent_and_outlive_the_children(shared: Path) -> None:
+    before = metrics.value(QUEUE, "succeeded")
+    _fork_and_count("succeeded", "succeeded", "duplicate")
+    # A second child, as one replacing the first would be: the first's file stays.
+    _fork_and_count("succeeded", "dead_lettered")
+    assert metrics.value(QUEUE, "succeeded") == before + 3
+    assert metrics.value(QUEUE, "dead_lettered") == 1
+    assert len(list(shared.glob("counts-*.json"))) == 2
+
+
+def test_a_forked_child_does_not_carry_its_parents_counts(shared: Path) -> None:
+    metrics.count(QUEUE, "cancelled")
+    parent_only = metrics.value(QUEUE, "cancelled")
+    _fork_and_count("cancelled")
+    # Parent's own (from memory and its file, counted once) plus the child's one.
+    assert metrics.value(QUEUE, "cancelled") == parent_only + 1
+
+
+def test_without_a_shared_directory_counts_stay_in_the_process(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    monkeypatch.delenv(count_files.ENV_VAR, raising=False)
+    before = metrics.value(QUEUE, "failed")
+    _fork_and_count("failed")
+    assert metrics.value(QUEUE, "failed") == before
+    metrics.count(QUEUE, "failed")
+    assert metrics.value(QUEUE, "failed") == before + 1
+
+
+def test_a_torn_or_foreign_file_is_skipped_and_a_vanished_directory_is_not_an_error(shared: Path) -> None:
+    (shared / "counts-1-bad.json").write_text("{not json")
+    (shared / "counts-2-odd.json").write_text('[["q", "succeeded"]]')
+    (shared / "unrelated.txt").write_text("[]")
+    count_files.write(shared, "counts-3-ok.json", {(QUEUE, "succeeded"): 2.0})
+    assert count_files.read_all(shared, skip="none") == {(QUEUE, "succeeded"): 2.0}
+    gone = shared / "removed-at-shutdown"
+    count_files.write(gone, "counts-4-late.json", {(QUEUE, "succeeded"): 1.0})
+    assert count_files.read_all(gone, skip="none") == {}
+
+
+def test_share_names_a_fresh_directory_and_unshare_removes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(count_files.ENV_VAR, raising=False)
+    directory = count_files.share()
+    try:
+        assert directory.is_dir() and os.environ[count_files.ENV_VAR] == str(directory)
+    finally:
+        count_files.unshare(directory)
+    assert not directory.exists() and count_files.ENV_VAR not in os.environ
+
+
+def test_share_removes_the_directory_of_a_worker_that_was_killed(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    monkeypatch.setattr(count_files.tempfile, "tempdir", str(tmp_path))
+    child = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
+    child.start()
+    child.join(30)
+    orphan = tmp_path / f"celery-durable-counts-{child.pid}-abc"
+    orphan.mkdir()
+    live = tmp_path / f"celery-durable-counts-{os.getpid()}-def"
+    live.mkdir()
+    directory = count_files.share()
+    try:
+        assert not orphan.exists() and live.exists()
+        assert directory.parent == tmp_path
+    finally:
+        count_files.unshare(directory)
