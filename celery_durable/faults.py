@@ -10,7 +10,7 @@ BEFORE_COMMIT = "step.before_commit"  # fn returned (its transactional effects a
 AFTER_COMMIT = "step.after_commit"    # the checkpoint (and a transactional fn's effects) committed
 POINTS = (BEFORE_FN, BEFORE_COMMIT, AFTER_COMMIT)
 
-#: The relay published one row of its batch; the batch is not marked yet.
+#: The relay published (all or the first part of) its claimed batch; no row of it is marked yet.
 RELAY_AFTER_PUBLISH = "relay.after_publish"
 
 #: Set by a test (e.g. to ``os._exit`` at one point); None in production, so each point is one check.

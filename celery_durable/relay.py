@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -15,17 +14,13 @@ import sqlalchemy as sa
 
 from . import faults, outbox_metrics
 from .planning.outbox import FLAG_AFTER, BatchOutcome, next_wait, settle_batch
+from .publishing import publish_batch
 from .store import outbox as store
 from .store.engine import ensure_schema, resolve_url, store_exists, store_url, unavailable_as_error
 from .store.notify import Waker
 from .store.runs import render_error
 
 logger = logging.getLogger(__name__)
-
-#: Kombu's own retry inside one publish: enough to ride over a stale pooled
-#: connection after a broker restart, short enough that a down broker fails the
-#: pass quickly (the relay's backoff, not kombu's, spaces out the retries).
-PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
 
 #: Seconds between purges of published rows older than the retention.
 PURGE_EVERY = 60.0
@@ -42,6 +37,9 @@ class PassResult:
     claimed: int
     published: int
     error: str | None = None
+    #: Of the published rows: how many went out in broker batches, how many one message at a time.
+    batched: int = 0
+    one_by_one: int = 0
 
 
 class Relay:
@@ -80,25 +78,21 @@ class Relay:
             rows = store.claim(conn, self.batch_size, now)
             if not rows:
                 return PassResult(0, 0)
-            sent = 0
-            error: BaseException | None = None
             with self.app.producer_or_acquire() as producer:
-                for row in rows:
-                    try:
-                        self._publish(producer, row)
-                    except Exception as exc:  # noqa: BLE001 - any publish failure defers the row
-                        error = exc
-                        break
-                    sent += 1
-                    faults.reach(faults.RELAY_AFTER_PUBLISH)
-            failed_row = rows[sent] if error is not None else None
-            outcome = settle_batch([r.id for r in rows], sent,
+                published = publish_batch(self.app, producer, rows, self._now)
+            if published.sent:
+                # Published, nothing marked yet: a crash here republishes these rows.
+                faults.reach(faults.RELAY_AFTER_PUBLISH)
+            error = published.error
+            failed_row = rows[published.sent] if error is not None else None
+            outcome = settle_batch([r.id for r in rows], published.sent,
                                    failed_row.attempts if failed_row is not None else None,
                                    flag_after=self.flag_after)
             self._settle(conn, outcome, error, failed_row, now)
-        if sent:
-            outbox_metrics.PUBLISHED.inc(sent)
-        return PassResult(len(rows), sent, render_error(error) if error is not None else None)
+        if published.sent:
+            outbox_metrics.PUBLISHED.inc(published.sent)
+        return PassResult(len(rows), published.sent, render_error(error) if error is not None else None,
+                          batched=published.batched, one_by_one=published.one_by_one)
 
     def _settle(self, conn: Any, outcome: BatchOutcome, error: BaseException | None,
                 failed_row: store.OutboxRow | None, now: datetime) -> None:
@@ -120,30 +114,6 @@ class Relay:
         else:
             logger.warning("durable.outbox.publish_failed task_id=%s attempts=%s error=%s",
                            failed_row.task_id, outcome.failed_attempts, rendered)
-
-    def _publish(self, producer: Any, row: store.OutboxRow) -> None:
-        # Celery's send_task without its result-backend subscription (a relay
-        # must not subscribe to every task's result) and without parent
-        # inheritance (the relay's thread is not the caller's task).
-        app, amqp = self.app, self.app.amqp
-        args, kwargs = json.loads(row.args), json.loads(row.kwargs)
-        options: dict[str, Any] = json.loads(row.options)
-        options = amqp.router.route(options, row.task_name, args, kwargs)
-        expires = options.pop("expires", None)
-        if expires is not None:
-            options["expiration"] = max(0.0, (datetime.fromisoformat(expires) - self._now()).total_seconds())
-        message = amqp.create_task_message(
-            row.task_id, row.task_name, args, kwargs,
-            eta=options.pop("eta", None), expires=expires,
-            reply_to=app.thread_oid,
-            time_limit=options.pop("time_limit", None),
-            soft_time_limit=options.pop("soft_time_limit", None),
-            create_sent_event=app.conf.task_send_sent_event,
-            shadow=options.pop("shadow", None),
-            **options,
-        )
-        amqp.send_task_message(producer, row.task_name, message, retry=True,
-                               retry_policy=PUBLISH_RETRY_POLICY, **options)
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> None:

@@ -1,7 +1,7 @@
 """The app outbox end-to-end processes run: ``durableapp`` plus a task that records its run once, and a relay stall.
 
 ``e2e_relay_stall_after`` in E2E_CONF makes a relay process stop (until killed)
-after that many publishes, with the batch published in part and not marked.
+on its Nth pass that published anything: the batch is on the broker, not marked.
 """
 
 from __future__ import annotations

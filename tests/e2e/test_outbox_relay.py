@@ -1,7 +1,10 @@
-"""Outbox end to end: 2,000 enqueues from 4 threads, a third rolled back, relays racing, one SIGKILLed mid-batch.
+"""Outbox end to end: 2,000 enqueues from 4 threads, a third rolled back, relays racing, one SIGKILLed mid-batch;
+and batched messages run by a stock worker and by the durable pool.
 
-PostgreSQL + Redis only (the combination with SKIP LOCKED and LISTEN/NOTIFY;
-the SQLite and RabbitMQ paths are covered in tests/integration/test_outbox.py).
+The race runs on each database with each broker: PostgreSQL (SKIP LOCKED,
+LISTEN/NOTIFY) and SQLite (BEGIN IMMEDIATE admits one relay at a time; a
+second one must still be safe), Redis (one MULTI/EXEC per batch) and RabbitMQ
+(publisher confirms per batch).
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from celery import Celery
 from sqlalchemy.orm import Session
 
 from celery_durable import outbox
+from celery_durable.relay import Relay
 from celery_durable.store.engine import ensure_schema
 from tests.e2e.durableapp import EFFECTS_DDL
 from tests.e2e.harness import REPO, Scenario, wait_for
@@ -29,15 +34,19 @@ from tests.stores import fresh_store
 
 THREADS, PER_THREAD = 4, 500
 
-
-@pytest.fixture
-def broker() -> tuple[str, str]:
-    return "redis", broker_url("redis")
+#: (database, broker) pairs the race runs on.
+COMBINATIONS = [("postgresql", "redis"), ("sqlite", "rabbitmq"), ("postgresql", "rabbitmq"), ("sqlite", "redis")]
 
 
 @pytest.fixture
-def pg_store(tmp_path: Path) -> Iterator[str]:
-    with fresh_store("postgresql", tmp_path) as url:
+def broker(request: pytest.FixtureRequest) -> tuple[str, str]:
+    kind = getattr(request, "param", "redis")
+    return kind, broker_url(kind)
+
+
+@pytest.fixture
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    with fresh_store(request.param, tmp_path) as url:
         yield url
 
 
@@ -62,25 +71,31 @@ class RelayProcess:
         self._log.close()
 
 
+@pytest.mark.parametrize(("store", "broker"), COMBINATIONS, indirect=True,
+                         ids=[f"{db}-{mq}" for db, mq in COMBINATIONS])
 def test_every_committed_task_runs_once_through_racing_relays_and_a_killed_one(
-        scenario: Any, pg_store: str) -> None:
+        scenario: Any, store: str, broker: tuple[str, str]) -> None:
     s: Scenario = scenario(["outbox"])
-    engine = ensure_schema(pg_store)
+    sqlite = store.startswith("sqlite")
+    engine = ensure_schema(store)
     with engine.begin() as conn:
         conn.exec_driver_sql(EFFECTS_DDL)
-    conf = {"durable_database_url": pg_store}
+    # SQLite has no NOTIFY: the relays poll, briskly so the test does not wait on them.
+    conf = {"durable_database_url": store, "durable_relay_poll_interval": 0.1}
     from tests.e2e.outboxapp import app
 
-    app.conf.durable_database_url = pg_store
+    app.conf.durable_database_url = store
     task = app.tasks["durable.outbox_record"]
     relays: list[RelayProcess] = []
-    doomed = RelayProcess(s, {**conf, "e2e_relay_stall_after": 40}, batch_size=200)
+    # It stalls on its third publishing pass, its batch on the broker and not marked.
+    doomed = RelayProcess(s, {**conf, "e2e_relay_stall_after": 3}, batch_size=200)
     relays.append(doomed)
 
     committed: list[str] = []
     rolled_back: list[str] = []
     lock = threading.Lock()
-    user = sa.create_engine(pg_store, pool_size=THREADS)
+    # On SQLite a caller's commit waits for the one writer (a relay's batch, another thread's commit).
+    user = sa.create_engine(store, pool_size=THREADS, **({"connect_args": {"timeout": 30}} if sqlite else {}))
 
     def enqueue_many(thread: int) -> None:
         for i in range(PER_THREAD):
@@ -104,7 +119,12 @@ def test_every_committed_task_runs_once_through_racing_relays_and_a_killed_one(
             t.start()
         wait_for(lambda: s.labelled("relay-stalled", "relay"), timeout=60,
                  what="the doomed relay to stall with a batch published but not marked")
-        # Its batch is locked: the racing relays skip it until the kill releases it.
+        if sqlite:
+            # Its BEGIN IMMEDIATE holds SQLite's one write lock: every other writer
+            # waits for it, so it dies before the others start.
+            doomed.process.send_signal(signal.SIGKILL)
+            doomed.process.wait(30)
+        # On PostgreSQL its batch stays locked: the racing relays skip it until the kill releases it.
         relays.append(RelayProcess(s, conf, batch_size=200))
         worker = s.worker(conf=conf, app="tests.e2e.outboxapp", concurrency=4).wait_ready(60)
         doomed.process.send_signal(signal.SIGKILL)
@@ -133,3 +153,27 @@ def test_every_committed_task_runs_once_through_racing_relays_and_a_killed_one(
         for relay in relays:
             relay.stop()
         user.dispose()
+
+
+@pytest.mark.parametrize("pool", ["prefork", "durable"])
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"], indirect=True)
+def test_batched_messages_run_on_a_stock_worker_and_on_the_durable_pool(
+        scenario: Any, broker: tuple[str, str], pool: str, tmp_path: Path) -> None:
+    s: Scenario = scenario(["batched"])
+    with fresh_store("sqlite", tmp_path) as url:
+        app = Celery("e2e-outbox-sender", broker=s.broker_url)
+        app.conf.durable_database_url = url
+        user = sa.create_engine(url)
+        with user.begin() as conn:
+            ids = [outbox.enqueue(conn, app.signature("e2e.record", args=(f"b{i}",)), queue=s.queues[0],
+                                  priority=i % 10).id
+                   for i in range(60)]
+        result = Relay(app, batch_size=100).run_pass()
+        user.dispose()
+    assert (result.published, result.batched) == (60, 60)
+    # The durable pool's own relay reads a store of its own, not the rows above.
+    conf = {"durable_database_url": f"sqlite:///{tmp_path / 'worker.sqlite'}"} if pool == "durable" else {}
+    s.worker(pool=pool, conf=conf, concurrency=2).wait_ready(60)
+    ended = s.wait_ended(60, timeout=60)
+    assert sorted(e["id"] for e in ended) == sorted(ids)
+    assert {e["queue"] for e in ended} == {s.queues[0]}

@@ -8,6 +8,7 @@ import pytest
 from kombu import Connection, Exchange, Queue
 
 from celery_durable.worker.fetchers import AmqpFetcher
+from tests.e2e.harness import wait_for
 from tests.services import AMQP_URL, amqp_problem, require
 
 
@@ -24,9 +25,13 @@ def amqp_queue():
 
 
 def publish(conn, queue, *bodies):
+    """Publish and return once RabbitMQ holds them all: a publish is not confirmed, and a
+    basic.get on another channel can otherwise arrive before the messages are queued."""
     producer = conn.Producer()
+    before = depth(conn, queue)
     for body in bodies:
         producer.publish(body, exchange=queue.exchange, routing_key=queue.routing_key, serializer="json")
+    wait_for(lambda: depth(conn, queue) == before + len(bodies), timeout=10, what="the messages to be queued")
 
 
 def depth(conn, queue) -> int:

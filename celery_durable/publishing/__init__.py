@@ -1,0 +1,8 @@
+"""Getting claimed outbox rows onto the broker: each row's task message, and a whole batch per transport."""
+
+from __future__ import annotations
+
+from .batch import BatchPublished, publish_batch
+from .task_message import Captured, RowSender
+
+__all__ = ["BatchPublished", "Captured", "RowSender", "publish_batch"]

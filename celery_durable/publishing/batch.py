@@ -1,0 +1,86 @@
+"""Publish a claimed outbox batch: pick the way the producer's transport allows, report how far it got."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ..store.outbox import OutboxRow
+from .task_message import RowSender
+
+
+@dataclass(frozen=True)
+class BatchPublished:
+    """How far a batch got: ``rows[:sent]`` are on the broker, in id order.
+
+    ``error`` says why ``rows[sent]`` is not; the rows after it may or may not
+    have reached the broker (see each transport's module) and stay unpublished,
+    so a later pass republishes them under the same task ids.
+    """
+
+    sent: int
+    error: BaseException | None = None
+    #: Of the sent rows: how many went out in batches (one MULTI/EXEC, one confirm wait)...
+    batched: int = 0
+    #: ... and how many took kombu's per-message path.
+    one_by_one: int = 0
+
+
+Now = Callable[[], datetime]
+
+
+def publish_batch(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> BatchPublished:
+    """Publish ``rows`` through ``producer``: Redis in one MULTI/EXEC, RabbitMQ under publisher confirms.
+
+    Other transports (the SQLAlchemy and memory ones among them) publish one
+    message at a time, as ``apply_async`` would.
+    """
+    published = _publish(app, producer, rows, now)
+    if published.sent == 0 and _lost_connection(producer, published.error) and _reconnect(producer):
+        # A pooled connection the broker dropped (a broker restart, an operator
+        # closing connections) fails on its first use. Kombu's own publish
+        # retries once over a fresh connection; so does a batch, now rather
+        # than after the relay's backoff. Whatever a failed batch left on the
+        # broker goes out again under the same task ids either way.
+        published = _publish(app, producer, rows, now)
+    return published
+
+
+def _publish(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> BatchPublished:
+    from . import amqp_confirms, redis_pipeline
+
+    transport = producer.connection.transport
+    if redis_pipeline.handles(transport, producer):
+        return redis_pipeline.publish(app, producer, rows, now)
+    if amqp_confirms.handles(transport):
+        return amqp_confirms.publish(app, producer, rows, now)
+    return publish_one_by_one(app, producer, rows, now)
+
+
+def publish_one_by_one(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> BatchPublished:
+    """Kombu's per-message path, in id order, stopping at the first failure."""
+    sender = RowSender(app, producer, now)
+    for index, row in enumerate(rows):
+        try:
+            sender.send(row)
+        except Exception as exc:  # noqa: BLE001 - any publish failure defers the row
+            return BatchPublished(sent=index, error=exc, one_by_one=index)
+    return BatchPublished(sent=len(rows), one_by_one=len(rows))
+
+
+def _lost_connection(producer: Any, error: BaseException | None) -> bool:
+    return error is not None and isinstance(error, producer.connection.recoverable_connection_errors)
+
+
+def _reconnect(producer: Any) -> bool:
+    """Replace the producer's connection and channel; False if the broker cannot be reached now."""
+    connection = producer.connection
+    connection.collect()
+    try:
+        connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2, interval_max=0.2)
+        producer.revive(connection.default_channel)
+    except Exception:  # noqa: BLE001 - the broker is down: the relay's backoff takes it from here
+        return False
+    return True

@@ -1,0 +1,300 @@
+"""Batch publishing of outbox rows on the real brokers: what the fast paths store, when they step aside, confirms."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+import sqlalchemy as sa
+from celery import Celery
+from kombu import Connection, Exchange, Queue
+
+from celery_durable import outbox
+from celery_durable.publishing import amqp_confirms, redis_pipeline
+from celery_durable.publishing.batch import BatchPublished, publish_batch, publish_one_by_one
+from celery_durable.relay import Relay
+from celery_durable.store import outbox as store
+from celery_durable.store.engine import ensure_schema
+from celery_durable.store.outbox import OutboxRow
+from tests.services import broker_url
+
+SEP = "\x06\x16"
+#: One clock for both publishes of a row, so a computed ``expiration`` matches to the millisecond.
+FIXED_NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+
+def fixed_now() -> datetime:
+    return FIXED_NOW
+
+
+def make_app(broker: str, store_url: str) -> Celery:
+    app = Celery(f"publish-{uuid.uuid4().hex[:6]}", broker=broker)
+    app.conf.durable_database_url = store_url
+    app.conf.broker_connection_retry_on_startup = True
+
+    @app.task(name="publish.noop", shared=False)
+    def noop(label: str, n: int = 0) -> str:  # pragma: no cover - never run here: the tests read the broker
+        return label
+
+    return app
+
+
+@pytest.fixture
+def user_engine(store_url: str) -> Iterator[sa.engine.Engine]:
+    ensure_schema(store_url)
+    engine = sa.create_engine(store_url)
+    yield engine
+    engine.dispose()
+
+
+def enqueue_and_claim(app: Celery, engine: sa.engine.Engine, specs: list[tuple[tuple[Any, ...], dict[str, Any]]]
+                      ) -> list[OutboxRow]:
+    """Commit one outbox row per (args, options); return them as the relay would claim them."""
+    noop = app.tasks["publish.noop"]
+    with engine.begin() as conn:
+        for args, options in specs:
+            outbox.enqueue(conn, noop.s(*args), **options)
+    with engine.connect() as conn, conn.begin():
+        # Claimed in a transaction rolled back at once: the rows stay for the relay-level tests.
+        return store.claim(conn, len(specs) + 10, datetime.now(timezone.utc) + timedelta(days=1))
+
+
+def stored_messages(client: redis.Redis, queue: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every message kombu stored for ``queue`` (all priority lists), by task id: (list key, raw JSON decoded)."""
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    for key in [queue] + [f"{queue}{SEP}{p}" for p in (3, 6, 9)]:
+        while (raw := client.rpop(key)) is not None:
+            message = json.loads(raw)
+            found[message["headers"]["id"]] = (key, message)
+    return found
+
+
+@pytest.fixture
+def redis_client() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(broker_url("redis"))
+    yield client
+    client.close()
+
+
+def test_redis_fast_path_stores_each_message_as_kombu_would(
+        store_url: str, user_engine: sa.engine.Engine, redis_client: redis.Redis) -> None:
+    app = make_app(broker_url("redis"), store_url)
+    queue = f"same-{uuid.uuid4().hex[:8]}"
+    specs: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+        (("plain",), {"queue": queue}),
+        (("urgent", 1), {"queue": queue, "priority": 7}),
+        (("low",), {"queue": queue, "priority": 2}),
+        (("top",), {"queue": queue, "priority": 9}),
+        (("timed",), {"queue": queue, "countdown": 30, "expires": FIXED_NOW + timedelta(minutes=5),
+                      "headers": {"tenant": "t1"}, "time_limit": 20, "soft_time_limit": 10,
+                      "shadow": "publish.alias"}),
+    ]
+    rows = enqueue_and_claim(app, user_engine, specs)
+    with app.producer_or_acquire() as producer:
+        assert redis_pipeline.handles(producer.connection.transport, producer)
+        per_message = publish_one_by_one(app, producer, rows, fixed_now)
+    by_kombu = stored_messages(redis_client, queue)
+    with app.producer_or_acquire() as producer:
+        batched = publish_batch(app, producer, rows, fixed_now)
+    by_batch = stored_messages(redis_client, queue)
+
+    assert per_message == BatchPublished(sent=5, one_by_one=5)
+    assert batched == BatchPublished(sent=5, batched=5)
+    assert set(by_kombu) == set(by_batch) == {row.task_id for row in rows}
+    for task_id, (key, message) in by_batch.items():
+        kombu_key, kombu_message = by_kombu[task_id]
+        # The delivery tag is a fresh uuid per publish, in both paths.
+        tag, kombu_tag = message["properties"].pop("delivery_tag"), kombu_message["properties"].pop("delivery_tag")
+        assert tag != kombu_tag and uuid.UUID(tag) and uuid.UUID(kombu_tag)
+        assert (key, message) == (kombu_key, kombu_message)
+    keys = {by_batch[row.task_id][0] for row in rows}
+    # kombu's priority lists: 0 -> the queue itself, 2 -> 0 too, 7 -> 6, 9 -> 9.
+    assert keys == {queue, f"{queue}{SEP}6", f"{queue}{SEP}9"}
+    timed = by_batch[rows[4].task_id][1]
+    assert timed["headers"]["tenant"] == "t1" and timed["headers"]["shadow"] == "publish.alias"
+    assert timed["properties"]["expiration"] == str(5 * 60 * 1000)
+    assert timed["properties"]["delivery_info"] == {"exchange": "", "routing_key": queue}
+
+
+def test_a_declared_direct_exchange_is_batched_through_its_binding_table(
+        store_url: str, user_engine: sa.engine.Engine, redis_client: redis.Redis) -> None:
+    app = make_app(broker_url("redis"), store_url)
+    suffix = uuid.uuid4().hex[:8]
+    bound = Queue(f"bound-{suffix}", Exchange(f"dx-{suffix}", type="direct"), routing_key="orders")
+    app.conf.task_queues = [bound]
+    rows = enqueue_and_claim(app, user_engine, [
+        (("a",), {"queue": bound.name, "exchange": bound.exchange.name, "routing_key": "orders"}),
+        (("b",), {"queue": bound.name, "exchange": bound.exchange.name, "routing_key": "orders"}),
+    ])
+    with app.producer_or_acquire() as producer:
+        result = publish_batch(app, producer, rows, fixed_now)
+    assert result == BatchPublished(sent=2, batched=2)
+    stored = stored_messages(redis_client, bound.name)
+    assert set(stored) == {row.task_id for row in rows}
+    assert all(m["properties"]["delivery_info"] == {"exchange": bound.exchange.name, "routing_key": "orders"}
+               for _, m in stored.values())
+    redis_client.delete(f"_kombu.binding.{bound.exchange.name}", f"_kombu.binding_permanent.{bound.exchange.name}")
+
+
+def test_routes_the_fast_path_cannot_reproduce_take_kombus_own_publish_in_order(
+        store_url: str, user_engine: sa.engine.Engine, redis_client: redis.Redis) -> None:
+    app = make_app(broker_url("redis"), store_url)
+    suffix = uuid.uuid4().hex[:8]
+    plain = f"plain-{suffix}"
+    topic = Queue(f"topic-{suffix}", Exchange(f"tx-{suffix}", type="topic"), routing_key="orders.#")
+    # Bound by some other process: the relay's connection never declared this
+    # exchange, so kombu would assume "direct"; the fast path must not assume.
+    foreign_exchange, foreign_queue = f"foreign-x-{suffix}", f"foreign-{suffix}"
+    redis_client.sadd(f"_kombu.binding.{foreign_exchange}", SEP.join(["eu", "", foreign_queue]))
+    app.conf.task_queues = [topic]
+    app.conf.task_create_missing_queues = True
+    rows = enqueue_and_claim(app, user_engine, [
+        (("first",), {"queue": plain}),
+        (("by-topic",), {"queue": topic.name}),
+        (("second",), {"queue": plain}),
+        (("foreign",), {"exchange": foreign_exchange, "routing_key": "eu"}),
+        (("third",), {"queue": plain}),
+    ])
+    try:
+        with app.producer_or_acquire() as producer:
+            result = publish_batch(app, producer, rows, fixed_now)
+        assert result == BatchPublished(sent=5, batched=3, one_by_one=2)
+        assert list(stored_messages(redis_client, topic.name)) == [rows[1].task_id]
+        assert list(stored_messages(redis_client, foreign_queue)) == [rows[3].task_id]
+        # Publishing resumed in id order around them: LPUSH order is publish order.
+        assert [json.loads(raw)["headers"]["id"] for raw in redis_client.lrange(plain, 0, -1)][::-1] == \
+            [rows[0].task_id, rows[2].task_id, rows[4].task_id]
+    finally:
+        redis_client.delete(plain, f"_kombu.binding.{foreign_exchange}", f"_kombu.binding.{topic.exchange.name}",
+                            f"_kombu.binding_permanent.{topic.exchange.name}")
+
+
+def test_relay_passes_use_the_batch_and_mark_rows(store_url: str, user_engine: sa.engine.Engine,
+                                                  broker: tuple[str, str]) -> None:
+    app = make_app(broker[1], store_url)
+    queue = f"relay-{uuid.uuid4().hex[:8]}"
+    noop = app.tasks["publish.noop"]
+    with user_engine.begin() as conn:
+        ids = [outbox.enqueue(conn, noop.s(str(i)), queue=queue, priority=i % 10).id for i in range(120)]
+    relay = Relay(app, batch_size=50)
+    results = [relay.run_pass() for _ in range(4)]
+    assert [(r.claimed, r.published, r.batched, r.one_by_one) for r in results] == \
+        [(50, 50, 50, 0), (50, 50, 50, 0), (20, 20, 20, 0), (0, 0, 0, 0)]
+    with Connection(app.conf.broker_url) as conn:
+        simple = conn.SimpleQueue(queue, no_ack=True)
+        got = []
+        try:
+            while len(got) < len(ids):
+                got.append(simple.get(block=True, timeout=5).headers["id"])
+        finally:
+            simple.close()
+    assert sorted(got) == sorted(ids)
+
+
+@pytest.fixture
+def amqp_app(store_url: str) -> Iterator[Celery]:
+    app = make_app(broker_url("rabbitmq"), store_url)
+    yield app
+    app.close()
+
+
+def drain_amqp(app: Celery, queue: str, count: int, *, quiet_for: float | None = None) -> list[str]:
+    """``count`` task ids from ``queue`` (each within 5 s); then, with ``quiet_for``, any more that come."""
+    with Connection(app.conf.broker_url) as conn:
+        simple = conn.SimpleQueue(queue, no_ack=True)
+        try:
+            ids = [simple.get(block=True, timeout=5).headers["id"] for _ in range(count)]
+            while quiet_for is not None:
+                try:
+                    ids.append(simple.get(block=True, timeout=quiet_for).headers["id"])
+                except simple.Empty:
+                    break
+            return ids
+        finally:
+            simple.close()
+
+
+def test_rabbitmq_batch_is_published_under_confirms_in_order(
+        amqp_app: Celery, user_engine: sa.engine.Engine) -> None:
+    queue = f"confirm-{uuid.uuid4().hex[:8]}"
+    rows = enqueue_and_claim(amqp_app, user_engine, [((str(i),), {"queue": queue}) for i in range(200)])
+    with amqp_app.producer_or_acquire() as producer:
+        assert amqp_confirms.handles(producer.connection.transport)
+        result = publish_batch(amqp_app, producer, rows, fixed_now)
+    assert result == BatchPublished(sent=200, batched=200)
+    assert drain_amqp(amqp_app, queue, 200) == [row.task_id for row in rows]
+
+
+def test_rabbitmq_refusal_or_missing_acks_fail_the_whole_batch_and_the_next_one_goes_through(
+        amqp_app: Celery, user_engine: sa.engine.Engine) -> None:
+    queue = f"refused-{uuid.uuid4().hex[:8]}"
+    rows = enqueue_and_claim(amqp_app, user_engine, [
+        (("ok-1",), {"queue": queue}),
+        # An exchange that does not exist: RabbitMQ closes the channel (404) instead of acking.
+        (("lost",), {"exchange": f"no-such-exchange-{uuid.uuid4().hex[:6]}", "routing_key": "x"}),
+        (("ok-2",), {"queue": queue}),
+    ])
+    with amqp_app.producer_or_acquire() as producer:
+        refused = publish_batch(amqp_app, producer, rows, fixed_now)
+    assert refused.sent == 0 and refused.error is not None and "NOT_FOUND" in str(refused.error).upper()
+
+    # No time at all for the acks: the batch counts as failed (its messages may have gone out).
+    good = [rows[0], rows[2]]
+    with amqp_app.producer_or_acquire() as producer:
+        timed_out = amqp_confirms.publish(amqp_app, producer, good, fixed_now, timeout=0.0)
+    assert timed_out.sent == 0 and isinstance(timed_out.error, amqp_confirms.ConfirmTimeout)
+
+    # The pool's connection was replaced after the timeout; the retry goes through.
+    with amqp_app.producer_or_acquire() as producer:
+        retried = publish_batch(amqp_app, producer, good, fixed_now)
+    assert retried == BatchPublished(sent=2, batched=2)
+    # ok-1 went out before the refusal (ok-2, after it on the closed channel, did not), and
+    # both went out in the timed-out batch: republished under the same task ids, which is
+    # what makes a durable task's second delivery a no-op.
+    delivered = drain_amqp(amqp_app, queue, 5)
+    assert sorted(delivered) == sorted([rows[0].task_id] * 3 + [rows[2].task_id] * 2)
+    assert drain_amqp(amqp_app, queue, 0, quiet_for=0.3) == []
+
+
+def drop_broker_connections(broker: tuple[str, str]) -> None:
+    """Kill every client socket of this host to the broker, as a broker restart leaves them.
+
+    ``ss -K`` destroys the sockets in the kernel: a pooled connection's next write fails with
+    an OSError, the error a restarted broker gives (asking the broker to close connections
+    instead leaves them readable for a while, and kombu recovers from that on its own).
+    """
+    port = urlsplit(broker[1]).port or (6379 if broker[0] == "redis" else 5672)
+    done = subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(port)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_relay_pass_rides_over_a_pooled_connection_the_broker_dropped(
+        store_url: str, user_engine: sa.engine.Engine, broker: tuple[str, str]) -> None:
+    app = make_app(broker[1], store_url)
+    queue = f"dropped-{uuid.uuid4().hex[:8]}"
+    noop = app.tasks["publish.noop"]
+    relay = Relay(app)
+    with user_engine.begin() as conn:
+        before = outbox.enqueue(conn, noop.s("before"), queue=queue).id
+    assert relay.run_pass().published == 1  # the producer pool now holds a connection
+    drop_broker_connections(broker)
+    with user_engine.begin() as conn:
+        after = outbox.enqueue(conn, noop.s("after"), queue=queue).id
+    result = relay.run_pass()
+    # One pass, as kombu's own publish would manage: not a failure waiting out the relay's backoff.
+    assert (result.claimed, result.published, result.error) == (1, 1, None)
+    with Connection(app.conf.broker_url) as conn:
+        simple = conn.SimpleQueue(queue, no_ack=True)
+        try:
+            got = [simple.get(block=True, timeout=5).headers["id"] for _ in range(2)]
+        finally:
+            simple.close()
+    assert sorted(got) == sorted([before, after])
