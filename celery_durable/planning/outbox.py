@@ -13,7 +13,7 @@ from typing import Any
 #: cannot outlive the caller's process or would make a republish start new work.
 OPTION_KEYS = frozenset({
     "queue", "routing_key", "exchange", "priority", "headers", "countdown", "eta", "expires",
-    "time_limit", "soft_time_limit", "shadow", "serializer",
+    "time_limit", "soft_time_limit", "shadow", "serializer", "argsrepr", "kwargsrepr",
 })
 
 #: The backoff between publish attempts of one row (and between failing relay passes).
@@ -56,6 +56,10 @@ def serialize_options(options: Mapping[str, Any], now: datetime) -> dict[str, An
         elif key == "priority":
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
                 raise OptionInvalid(f"priority must be a whole number 0..255, got {value!r}")
+            out[key] = value
+        elif key in ("argsrepr", "kwargsrepr"):
+            if not isinstance(value, str):
+                raise OptionInvalid(f"{key} must be a string, got {value!r}")
             out[key] = value
         elif key in ("queue", "routing_key", "exchange", "shadow", "serializer"):
             # A kombu Queue or Exchange object stands for its name.

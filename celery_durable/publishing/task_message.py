@@ -100,8 +100,10 @@ class RowSender:
         expires = options.pop("expires", None)
         if expires is not None:
             options["expiration"] = max(0.0, (datetime.fromisoformat(expires) - self.now()).total_seconds())
+        # Made at enqueue (or given by the caller); consumed here, not sent as message properties.
+        reprs = {"argsrepr": options.pop("argsrepr", None), "kwargsrepr": options.pop("kwargsrepr", None)}
         message = amqp.create_task_message(
-            row.task_id, row.task_name, args, kwargs,
+            row.task_id, row.task_name, args, kwargs, **reprs,
             eta=options.pop("eta", None), expires=expires,
             reply_to=self.app.thread_oid,
             time_limit=options.pop("time_limit", None),

@@ -112,6 +112,26 @@ def test_eta_and_args_travel_in_the_message(store_url: str, user_engine: sa.engi
     assert message.headers["tenant"] == "t1"
     assert message.headers["eta"] is not None
     assert message.decode()[0] == ["x"]
+    # Made at enqueue, as apply_async makes it in the caller; not a message property.
+    assert (message.headers["argsrepr"], message.headers["kwargsrepr"]) == ("['x']", "{}")
+    assert "argsrepr" not in message.properties
+
+
+def test_a_callers_argsrepr_masks_the_arguments_in_the_message(store_url: str,
+                                                               user_engine: sa.engine.Engine) -> None:
+    app = make_app(broker_url("redis"), store_url)
+    queue = f"masked-{uuid.uuid4().hex[:8]}"
+    with user_engine.begin() as conn:
+        outbox.enqueue(conn, app.tasks["outbox.noop"].s("card-4242"), queue=queue, argsrepr="['<card>']")
+        with pytest.raises(OutboxInvalid, match="kwargsrepr must be a string"):
+            outbox.enqueue(conn, app.tasks["outbox.noop"].s("x"), queue=queue, kwargsrepr={"a": 1})
+    Relay(app).run_pass()
+    with Connection(app.conf.broker_url) as conn:
+        simple = conn.SimpleQueue(queue, no_ack=True)
+        message = simple.get(block=True, timeout=5)
+        simple.close()
+    assert message.headers["argsrepr"] == "['<card>']"
+    assert message.decode()[0] == ["card-4242"]
 
 
 def test_a_connection_on_another_database_is_refused(store_url: str, tmp_path: Any) -> None:
