@@ -8,18 +8,25 @@ from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
-from celery.canvas import Signature
+from celery.canvas import Signature, _chain, _chord, chain, group, maybe_signature, maybe_unroll_group
 from celery.utils.saferepr import saferepr
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from .checkpoints import encode
 from .errors import NotJSON, OutboxDatabaseMismatch, OutboxInvalid
-from .planning.outbox import OptionInvalid, serialize_options
+from .planning.outbox import OptionInvalid, chain_step_options, serialize_options
 from .store import outbox as store
 from .store.engine import ensure_schema, resolve_url, store_url
 
 __all__ = ["enqueue"]
+
+
+#: Options Celery puts on signatures it builds; they mean nothing in a message of its own.
+_DROPPED = ("task_id", "parent_id", "root_id", "group_id", "group_index", "chord", "reply_to")
+
+#: What ``enqueue`` takes, for the refusals.
+_SUPPORTED = "a task signature (task.s(...)) or a chain of task signatures (chain(a.s(), b.s()) or a.s() | b.s())"
 
 
 def enqueue(session_or_connection: Session | Connection, signature: Signature, **options: Any) -> Any:
@@ -30,46 +37,139 @@ def enqueue(session_or_connection: Session | Connection, signature: Signature, *
     soft_time_limit, shadow, serializer, argsrepr, kwargsrepr, task_id). Never commits: the task is
     published by a relay once, and only if, the caller's transaction commits.
     The session or connection must be on the app's ``durable_database_url``.
+
+    ``signature`` may be a chain of task signatures: as ``chain.apply_async(**options)``
+    does, every step's id is fixed now (``task_id`` names the last step's), the options
+    go to the first step, and its message carries the rest of the chain; the worker
+    sends each next step, with its own options, when the previous one succeeds. The
+    returned result is the last step's, its ``.parent`` links leading to the first.
+    Groups, chords and link/link_error callbacks are refused.
     """
+    if type(signature) in (_chain, chain):
+        return _enqueue_chain(session_or_connection, signature, options)
     if type(signature) is not Signature:
-        # chain/group/chord create task ids of their own at publish: a
+        # group/chord create task ids of their own at publish: a
         # republish would start those again under new ids.
-        raise OutboxInvalid(f"outbox.enqueue takes a task signature (task.s(...)), not a "
-                            f"{type(signature).__name__}")
+        raise OutboxInvalid(f"outbox.enqueue takes {_SUPPORTED}, not a {type(signature).__name__.lstrip('_')}")
+    conn = _prepare(session_or_connection, signature.app)
+    merged = {**(signature.options or {}), **options}
+    task_id = str(merged.pop("task_id", None) or uuid.uuid4())
+    _insert(conn, signature.app, signature.task, signature.args, signature.kwargs, merged, task_id)
+    return signature.app.AsyncResult(task_id)
+
+
+def _prepare(session_or_connection: Session | Connection, app: Any) -> Connection:
     conn = _connection(session_or_connection)
-    app = signature.app
     url = store_url(app)
     _check_same_database(conn.engine.url, url)
     ensure_schema(url)
+    return conn
 
-    merged = {**(signature.options or {}), **options}
-    task_id = str(merged.pop("task_id", None) or uuid.uuid4())
-    # Celery puts these on signatures it builds; they mean nothing in a message of its own.
-    for key in ("task_id", "parent_id", "root_id", "group_id", "group_index", "chord", "reply_to"):
-        merged.pop(key, None)
+
+def _insert(conn: Connection, app: Any, task_name: str, args: Any, kwargs: Any, options: dict[str, Any],
+            task_id: str, steps: list[Signature] | None = None) -> None:
+    for key in _DROPPED:
+        options.pop(key, None)
     now = datetime.now(timezone.utc)
+    args, kwargs = list(args or ()), dict(kwargs or {})
     try:
-        stored_options = serialize_options(merged, now)
-        args = encode(f"the arguments of {signature.task}", list(signature.args or ()))
-        kwargs = encode(f"the keyword arguments of {signature.task}", dict(signature.kwargs or {}))
+        stored_options = serialize_options(options, now)
+        args_json = encode(f"the arguments of {task_name}", args)
+        kwargs_json = encode(f"the keyword arguments of {task_name}", kwargs)
+        if steps is not None:
+            stored_options["chain"] = [_chain_step(step) for step in steps]
     except (OptionInvalid, NotJSON) as err:
-        raise OutboxInvalid(f"outbox.enqueue({signature.task}): {err}") from None
-    _with_reprs(app, stored_options, signature)
-    store.insert_txn(conn, task_id=task_id, task_name=signature.task, args=args, kwargs=kwargs,
+        raise OutboxInvalid(f"outbox.enqueue({task_name}): {err}") from None
+    _with_reprs(app, stored_options, args, kwargs)
+    store.insert_txn(conn, task_id=task_id, task_name=task_name, args=args_json, kwargs=kwargs_json,
                      options=json.dumps(stored_options), at=now)
-    return app.AsyncResult(task_id)
 
 
-def _with_reprs(app: Any, options: dict[str, Any], signature: Signature) -> None:
+def _enqueue_chain(session_or_connection: Session | Connection, sig: Signature, options: dict[str, Any]) -> Any:
+    """What ``chain.apply_async(**options)`` (Celery 5.7 ``_chain.run``) publishes, as one row.
+
+    ``prepare_steps`` clones and freezes every step (the last one with ``task_id``);
+    the first step is sent with the chain's options merged over its own and, in its
+    body's embed, the frozen rest of the chain (last step first, as Celery keeps it).
+    """
+    app = sig.app
+    _refuse_canvas_steps(sig)
+    merged = {k: v for k, v in dict(sig.options, **options).items() if v is not None}
+    for key in ("link", "link_error"):
+        if merged.get(key):
+            raise OutboxInvalid(f"outbox.enqueue(chain): {key} callbacks cannot be stored in the outbox "
+                                f"(a republish would start them again under new ids); it takes {_SUPPORTED}")
+    use_link = sig._use_link
+    if use_link or (use_link is None and app.conf.task_protocol == 1):
+        raise OutboxInvalid("outbox.enqueue(chain) needs task protocol 2: protocol 1 links the steps with "
+                            "callbacks, which a republish would start again under new ids")
+    conn = _prepare(session_or_connection, app)
+    # Consumed by _chain.run, not sent with the first task (task_id names the last step).
+    last_task_id = merged.pop("task_id", None)
+    for key in ("group_id", "group_index", "chord", "root_id", "parent_id", "producer", "publisher",
+                "link", "link_error"):
+        merged.pop(key, None)
+    steps, results = sig.prepare_steps(sig.args, {}, sig.tasks, None, None, None, app,
+                                       last_task_id, None, None, group_index=None)
+    for step in steps:
+        if type(step) is not Signature:  # pragma: no cover - _refuse_canvas_steps saw them first
+            raise OutboxInvalid(f"outbox.enqueue takes {_SUPPORTED}: a chain step is a "
+                                f"{type(step).__name__}")
+    first = steps.pop()
+    # Signature.apply_async: the chain's options over the first step's own (group_id kept).
+    args, kwargs, first_options = first._merge((), {}, merged)
+    first_options = dict(first_options)
+    for key in ("link", "link_error"):
+        if first_options.get(key):
+            raise OutboxInvalid(f"outbox.enqueue({first.task}): {key} callbacks cannot be stored in the "
+                                f"outbox (a republish would start them again under new ids); it takes "
+                                f"{_SUPPORTED}")
+        first_options.pop(key, None)
+    task_id = str(first_options.pop("task_id"))
+    _insert(conn, app, first.task, args, kwargs, first_options, task_id, steps)
+    # _chain.run returns the last step's frozen result (parents linked), or the
+    # one task's own result for a chain of one.
+    return results[0] if steps else app.AsyncResult(task_id)
+
+
+def _refuse_canvas_steps(sig: Signature) -> None:
+    """Refuse a chain that holds anything but task signatures (nested chains are spliced, as Celery does)."""
+    pending = list(sig.tasks or ())
+    if not pending:
+        raise OutboxInvalid(f"outbox.enqueue takes {_SUPPORTED}, not an empty chain")
+    while pending:
+        step = maybe_signature(pending.pop(0), app=sig.app)
+        if isinstance(step, group) and not isinstance(step, _chord):
+            # A group of one is that task (Celery unrolls it); anything else runs in parallel.
+            step = maybe_unroll_group(step)
+        if type(step) in (_chain, chain):
+            pending[:0] = list(step.tasks or ())
+            continue
+        if type(step) is not Signature:
+            raise OutboxInvalid(f"outbox.enqueue takes {_SUPPORTED}: a chain holding a "
+                                f"{type(step).__name__.lstrip('_')} is not supported (groups and chords "
+                                f"are not: only task signatures may be chained)")
+
+
+def _chain_step(step: Signature) -> dict[str, Any]:
+    """A later chain step as the first message's embed carries it: the frozen signature, as JSON."""
+    entry = dict(step)
+    entry["args"] = json.loads(encode(f"the arguments of {step.task}", list(step.args or ())))
+    entry["kwargs"] = json.loads(encode(f"the keyword arguments of {step.task}", dict(step.kwargs or {})))
+    entry["options"] = chain_step_options(step.task, step.options or {})
+    encode(f"the chain step {step.task}", entry)
+    return entry
+
+
+def _with_reprs(app: Any, options: dict[str, Any], args: list[Any], kwargs: dict[str, Any]) -> None:
     # The message's argsrepr/kwargsrepr (what logs and monitors show), made here
     # as Celery's apply_async makes them in the caller: the relay publishes every
     # producer's rows in one thread, and this repr is a quarter of a message's cost.
     amqp, maxlevels = app.amqp, app.conf.task_repr_maxlevels
     if "argsrepr" not in options:
-        options["argsrepr"] = saferepr(list(signature.args or ()), amqp.argsrepr_maxsize, maxlevels=maxlevels)
+        options["argsrepr"] = saferepr(args, amqp.argsrepr_maxsize, maxlevels=maxlevels)
     if "kwargsrepr" not in options:
-        options["kwargsrepr"] = saferepr(dict(signature.kwargs or {}), amqp.kwargsrepr_maxsize,
-                                         maxlevels=maxlevels)
+        options["kwargsrepr"] = saferepr(kwargs, amqp.kwargsrepr_maxsize, maxlevels=maxlevels)
 
 
 def _connection(obj: Any) -> Connection:

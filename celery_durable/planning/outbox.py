@@ -16,6 +16,10 @@ OPTION_KEYS = frozenset({
     "time_limit", "soft_time_limit", "shadow", "serializer", "argsrepr", "kwargsrepr",
 })
 
+#: Options of a chain's later steps that are refused: each run of the step would start its
+#: callbacks again under new ids, so a republished first message would too.
+CHAIN_STEP_REFUSED = ("link", "link_error")
+
 #: The backoff between publish attempts of one row (and between failing relay passes).
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 60.0
@@ -77,6 +81,34 @@ def serialize_options(options: Mapping[str, Any], now: datetime) -> dict[str, An
         json.dumps(out, allow_nan=False)
     except (TypeError, ValueError) as err:
         raise OptionInvalid(f"options must be JSON (headers included): {err}") from None
+    return out
+
+
+def chain_step_options(task: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON form of the options of a chain step after the first, as its message embed carries them.
+
+    The worker applies the step when its predecessor ends (``Signature.apply_async``),
+    so its options stay as Celery keeps them: a ``countdown`` counts from then, not
+    from the enqueue. Only datetimes (``eta``, ``expires``) are written out, as ISO
+    8601, which Celery's send path reads back; ``reply_to`` (the enqueuing thread's
+    queue) is dropped, as for the first task.
+    """
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in CHAIN_STEP_REFUSED:
+            if value:
+                raise OptionInvalid(f"chain step {task}: {key} callbacks cannot be stored in the outbox "
+                                    f"(a republish would start them again under new ids)")
+            continue
+        if key == "reply_to" or value is None:
+            continue
+        if key in ("eta", "expires") and isinstance(value, datetime):
+            value = _aware(key, value).isoformat()
+        out[key] = value
+    try:
+        json.dumps(out, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise OptionInvalid(f"the options of chain step {task} must be JSON: {err}") from None
     return out
 
 

@@ -84,6 +84,8 @@ class RowSender:
         amqp = self.app.amqp
         args, kwargs = json.loads(row.args), json.loads(row.kwargs)
         options: dict[str, Any] = json.loads(row.options)
+        # The rest of a chain (frozen at enqueue): the body embed's ``chain``, as chain.apply_async sends it.
+        chain = options.pop("chain", None)
         options = amqp.router.route(options, row.task_name, args, kwargs)
         if declare == "once":
             # Celery declares a message's queue on every send, and kombu's
@@ -110,6 +112,7 @@ class RowSender:
             soft_time_limit=options.pop("soft_time_limit", None),
             create_sent_event=self._send_sent_event,
             shadow=options.pop("shadow", None),
+            chain=chain,
             **options,
         )
         amqp.send_task_message(self.producer, row.task_name, message, retry=retry,

@@ -15,8 +15,11 @@ logger = logging.getLogger(__name__)
 JOIN_TIMEOUT = 10.0
 
 
-class OutboxRelay(bootsteps.Step):
+class OutboxRelay(bootsteps.StartStopStep):
     """Starts the relay once per worker (``durable_relay = False`` turns it off); stops it at shutdown.
+
+    A StartStopStep: the consumer's blueprint calls ``start`` only on those (a
+    plain Step is created and never started).
 
     The consumer's ``stop``/``start`` also run on every broker reconnect; the
     relay keeps running through those (it backs off on its own while the broker

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from celery_durable import faults
 from tests.e2e.durableapp import app, observe
+from tests.e2e.e2eapp import _client
 
 __all__ = ["app"]
 
@@ -28,6 +29,32 @@ def outbox_record(self: Any, label: str) -> str:
     # Transactional: the effect commits with its checkpoint, so two overlapping
     # deliveries of one task id leave one row.
     return self.step("record", _record, self.request.id, transactional=True)
+
+
+def _observe_step(task: Any, previous: list[str], label: str) -> None:
+    request = task.request
+    observe("start", label, id=request.id, root_id=request.root_id, parent_id=request.parent_id, got=previous)
+    # Counts the runs of each task id: a step started twice under one id shows up here.
+    _client().incr(f"{os.environ['E2E_KEY']}:runs:{request.id}")
+    observe("end", label, id=request.id)
+
+
+def _append(previous: list[str], label: str) -> list[str]:
+    return [*previous, label]
+
+
+@app.task(bind=True, name="outbox.chain_step")
+def chain_step(self: Any, previous: list[str], label: str) -> list[str]:
+    """A plain step of an outbox chain: records its ids and what the previous step returned."""
+    _observe_step(self, previous, label)
+    return _append(previous, label)
+
+
+@app.durable_task(bind=True, name="durable.outbox_chain_step")
+def durable_chain_step(self: Any, previous: list[str], label: str) -> list[str]:
+    """The same as a durable task: its result, from a checkpointed step, feeds the next one."""
+    _observe_step(self, previous, label)
+    return self.step("append", _append, previous, label)
 
 
 _stall_after = app.conf.get("e2e_relay_stall_after")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 import sqlalchemy as sa
-from celery import Celery
+from celery import Celery, chain, chord, group
 from kombu import Connection
 from sqlalchemy.orm import Session
 
@@ -146,12 +146,125 @@ def test_canvas_and_non_json_arguments_are_refused(store_url: str, user_engine: 
     app = make_app(broker_url("redis"), store_url)
     noop = app.tasks["outbox.noop"]
     with user_engine.begin() as conn:
-        with pytest.raises(OutboxInvalid, match="chain"):
-            outbox.enqueue(conn, noop.s("a") | noop.s())
+        # Groups and chords fan out into several messages: refused, naming what is supported.
+        with pytest.raises(OutboxInvalid, match="not a group") as refused:
+            outbox.enqueue(conn, group(noop.s("a"), noop.s("b")))
+        assert "chain of task signatures" in str(refused.value)
+        with pytest.raises(OutboxInvalid, match="not a chord"):
+            outbox.enqueue(conn, chord([noop.s("a"), noop.s("b")], noop.s()))
+        # ... inside a chain too (``a | group(b, c)`` stays a chain holding a group, ``| d`` makes a chord).
+        with pytest.raises(OutboxInvalid, match="a chain holding a group is not supported"):
+            outbox.enqueue(conn, noop.s("a") | group(noop.s("b"), noop.s("c")))
+        with pytest.raises(OutboxInvalid, match="a chain holding a chord is not supported"):
+            outbox.enqueue(conn, noop.s("a") | group(noop.s("b"), noop.s("c")) | noop.s())
+        with pytest.raises(OutboxInvalid, match="empty chain"):
+            outbox.enqueue(conn, chain())
         with pytest.raises(OutboxInvalid, match="JSON"):
             outbox.enqueue(conn, noop.s(object()))
         with pytest.raises(OutboxInvalid, match="link"):
             outbox.enqueue(conn, noop.s("a"), link=noop.s())
+        # A chain's callbacks, on the chain or on a step, would start again on a republish.
+        with pytest.raises(OutboxInvalid, match="link callbacks"):
+            outbox.enqueue(conn, noop.s("a") | noop.s(), link=noop.s())
+        with pytest.raises(OutboxInvalid, match="link_error callbacks"):
+            outbox.enqueue(conn, chain(noop.s("a"), noop.s()).set(link_error=noop.s()))
+        with pytest.raises(OutboxInvalid, match="chain step outbox.noop: link callbacks"):
+            outbox.enqueue(conn, noop.s("a") | noop.s().set(link=noop.s()))
+        # A later step's non-JSON argument is refused naming that step's task.
+        other = app.signature("outbox.other", args=(object(),))
+        with pytest.raises(OutboxInvalid, match="the arguments of outbox.other must be JSON"):
+            outbox.enqueue(conn, noop.s("a") | other)
+        leftover = conn.exec_driver_sql("SELECT count(*) FROM durable_outbox").scalar()
+    assert leftover == 0, "a refused enqueue left a row"
+
+
+def _message(app: Celery, queue: str) -> Any:
+    with Connection(app.conf.broker_url) as conn:
+        simple = conn.SimpleQueue(queue, no_ack=True)
+        try:
+            return simple.get(block=True, timeout=5)
+        finally:
+            simple.close()
+
+
+def _steps(embed_chain: list[dict[str, Any]]) -> list[tuple[str, list[Any], dict[str, Any]]]:
+    """A body embed's chain as (task, args, options without the per-publish ids) tuples."""
+    return [(s["task"], list(s["args"]), {k: v for k, v in s["options"].items() if k not in ("task_id", "reply_to")})
+            for s in embed_chain]
+
+
+def test_a_chain_is_published_as_chain_apply_async_would_with_the_ids_fixed_at_enqueue(
+        store_url: str, user_engine: sa.engine.Engine) -> None:
+    app = make_app(broker_url("redis"), store_url)
+    noop = app.tasks["outbox.noop"]
+    ours, native, dropped = (f"chain-{name}-{uuid.uuid4().hex[:8]}" for name in ("outbox", "native", "dropped"))
+
+    def build() -> Any:
+        # The later steps keep their own options; the enqueue's go to the first.
+        return chain(noop.s("first"), noop.s().set(priority=7, headers={"step": 2}), noop.si("third"))
+
+    with Session(user_engine) as session, session.begin():
+        result = outbox.enqueue(session, build(), queue=ours, countdown=30)
+    with user_engine.connect() as conn:
+        trans = conn.begin()
+        rolled_back = outbox.enqueue(conn, build(), queue=dropped)
+        trans.rollback()
+    native_result = build().apply_async(queue=native, countdown=30)
+
+    # What chain.apply_async returns: the last step's result, parents leading to the first.
+    assert result.parent is not None and result.parent.parent is not None
+    assert result.parent.parent.parent is None
+    third, second, first = result.id, result.parent.id, result.parent.parent.id
+    assert len({first, second, third}) == 3
+    # One row per enqueue, under the first step's id; the rolled-back one left nothing.
+    assert outbox_row(store_url, first) is not None
+    assert outbox_row(store_url, second) is None and outbox_row(store_url, third) is None
+    assert outbox_row(store_url, rolled_back.parent.parent.id) is None
+
+    assert Relay(app).run_pass().published == 1
+    message, expected = _message(app, ours), _message(app, native)
+    assert drain_ids(app, dropped, quiet_for=0.2) == []
+    args, kwargs, embed = message.decode()
+    assert message.headers["id"] == first
+    # As on the native message: the first task is the root, with no parent.
+    assert (message.headers["root_id"], message.headers["parent_id"]) == (first, None)
+    assert (expected.headers["root_id"], expected.headers["parent_id"]) == (native_result.parent.parent.id, None)
+    assert message.headers["eta"] is not None and expected.headers["eta"] is not None
+    assert (args, kwargs) == (["first"], {}) == tuple(expected.decode()[:2])
+    # The rest of the chain, last step first (the worker pops the next one), with the frozen ids.
+    assert [s["options"]["task_id"] for s in embed["chain"]] == [third, second]
+    assert _steps(embed["chain"]) == _steps(expected.decode()[2]["chain"])
+    assert _steps(embed["chain"])[1] == ("outbox.noop", [], {"priority": 7, "headers": {"step": 2}})
+    assert embed["chain"][0]["immutable"] is True
+    assert (embed["callbacks"], embed["errbacks"], embed["chord"]) == (None, None, None)
+
+    # A republish (a relay that died between publish and mark) carries the very same ids.
+    with autocommit(ensure_schema(store_url)).connect() as conn:
+        conn.execute(sa.text("UPDATE durable_outbox SET published_at = NULL WHERE task_id = :t"), {"t": first})
+    assert Relay(app).run_pass().published == 1
+    again = _message(app, ours)
+    assert again.headers["id"] == first
+    assert again.decode()[2]["chain"] == embed["chain"]
+
+
+def test_a_chains_task_id_names_its_last_step_and_nested_chains_are_spliced(
+        store_url: str, user_engine: sa.engine.Engine) -> None:
+    app = make_app(broker_url("redis"), store_url)
+    noop = app.tasks["outbox.noop"]
+    queue = f"chain-id-{uuid.uuid4().hex[:8]}"
+    with user_engine.begin() as conn:
+        result = outbox.enqueue(conn, chain(noop.s("a"), chain(noop.s(), noop.s()), group(noop.s())),
+                                queue=queue, task_id="the-last-one")
+        single = outbox.enqueue(conn, chain(noop.s("only")), queue=queue)
+    assert result.id == "the-last-one"
+    ids = [result.id, result.parent.id, result.parent.parent.id, result.parent.parent.parent.id]
+    assert Relay(app).run_pass().published == 2
+    first, lone = _message(app, queue), _message(app, queue)
+    assert first.headers["id"] == ids[-1]
+    assert [s["options"]["task_id"] for s in first.decode()[2]["chain"]] == ids[:-1]
+    # A chain of one is its task (chain.apply_async embeds an empty rest), the result is that task's.
+    assert lone.headers["id"] == single.id and single.parent is None
+    assert lone.decode()[2]["chain"] == []
 
 
 def test_backlog_gauges_read_the_table_at_scrape(store_url: str, user_engine: sa.engine.Engine) -> None:
