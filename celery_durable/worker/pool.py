@@ -8,6 +8,8 @@ from typing import Any, Protocol
 from celery.concurrency.prefork import TaskPool as PreforkTaskPool
 from celery.concurrency.thread import TaskPool as ThreadTaskPool
 
+from .child_reaping import ReapingAsynPool
+
 
 class RunListener(Protocol):
     """What the pool tells about a run the consumer handed it."""
@@ -69,6 +71,10 @@ def _then_release(
 
 class DurablePool(DurablePoolMixin, PreforkTaskPool):
     """Prefork execution (the default of ``-P durable``)."""
+
+    # With an event loop: a recycled child is replaced as soon as it exits,
+    # not at Celery's next 5 s pool check (see child_reaping).
+    Pool = ReapingAsynPool
 
 
 class DurableThreadPool(DurablePoolMixin, ThreadTaskPool):

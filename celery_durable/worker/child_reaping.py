@@ -1,0 +1,50 @@
+"""The prefork pool's event-loop side, reaping a pool child as soon as it has exited."""
+
+from __future__ import annotations
+
+from time import monotonic
+from typing import Any
+
+from billiard.pool import RUN
+from celery.concurrency.asynpool import AsynPool
+
+
+class ReapingAsynPool(AsynPool):
+    """Celery's ``AsynPool`` that keeps looking for a child whose exit came early.
+
+    AsynPool learns that a child exited when the child's sentinel pipe turns
+    readable; it then stops watching the sentinel and runs ``maintain_pool``
+    once, which reaps the child and forks its replacement. But the kernel
+    closes a dying process's files before it makes the process waitable, and
+    a parent woken in between finds no exit code: the child stays listed as
+    alive and nothing forks a replacement (or gives back a job written to the
+    dead child's pipe) until the 5 s ``maintain_pool`` timer. With
+    ``--max-tasks-per-child`` that delays the next task by up to 5 s after a
+    child is recycled. Here a child still listed after its exit was seen is
+    looked for again shortly, until it is reaped.
+    """
+
+    #: First delay, then the longest, between two looks for the child (seconds).
+    reap_first_delay = 0.005
+    reap_max_delay = 0.1
+    #: Stop looking after this long: a child that closed its sentinel without
+    #: exiting is left to Celery's periodic ``maintain_pool``.
+    reap_give_up_after = 5.0
+
+    def _event_process_exit(self, hub: Any, proc: Any) -> None:
+        super()._event_process_exit(hub, proc)
+        self._look_again(hub, proc, self.reap_first_delay, monotonic() + self.reap_give_up_after)
+
+    def _look_again(self, hub: Any, proc: Any, delay: float, give_up_at: float) -> None:
+        if self._state != RUN or not self._still_listed(proc) or monotonic() + delay > give_up_at:
+            return
+        hub.call_later(delay, self._reap, hub, proc, delay, give_up_at)
+
+    def _reap(self, hub: Any, proc: Any, delay: float, give_up_at: float) -> None:
+        if self._state != RUN or not self._still_listed(proc):
+            return
+        self.maintain_pool()
+        self._look_again(hub, proc, min(delay * 2, self.reap_max_delay), give_up_at)
+
+    def _still_listed(self, proc: Any) -> bool:
+        return any(listed is proc for listed in self._pool)
