@@ -24,7 +24,7 @@ from celery_durable.relay import Relay
 from celery_durable.store import outbox as store
 from celery_durable.store.engine import autocommit, ensure_schema
 from tests.e2e.harness import wait_for
-from tests.services import REDIS_URL, broker_url
+from tests.services import REDIS_URL, amqp_problem, broker_url
 
 REDIS_RESTART = ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379",
                  "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis",
@@ -294,9 +294,35 @@ def redis_up() -> bool:
         return False
 
 
+class BrokerOutage:
+    """Stops a real broker and starts it again; ``up()`` says whether it answers."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def up(self) -> bool:
+        return redis_up() if self.kind == "redis" else amqp_problem() is None
+
+    def stop(self) -> None:
+        if self.kind == "redis":
+            subprocess.run(["redis-cli", "-p", "6379", "shutdown", "nosave"], capture_output=True, timeout=10)
+        else:
+            # The node stays; its AMQP listener and queues stop (durable queues and
+            # persistent messages come back with start_app).
+            subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True, timeout=60)
+
+    def start(self) -> None:
+        if self.kind == "redis":
+            subprocess.run(REDIS_RESTART, check=True, timeout=20)
+        else:
+            subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
 def test_broker_down_keeps_rows_and_delivers_after_restart(
-        store_url: str, user_engine: sa.engine.Engine) -> None:
-    app = make_app(broker_url("redis"), store_url)
+        store_url: str, user_engine: sa.engine.Engine, broker_kind: str) -> None:
+    outage = BrokerOutage(broker_kind)
+    app = make_app(broker_url(broker_kind), store_url)
     queue = f"down-{uuid.uuid4().hex[:8]}"
     noop = app.tasks["outbox.noop"]
     relay = Relay(app, poll_interval=0.05)
@@ -309,8 +335,8 @@ def test_broker_down_keeps_rows_and_delivers_after_restart(
         wait_for(lambda: outbox_row(store_url, ids[0])["published_at"] is not None, timeout=10,
                  what="the first row to publish")
         try:
-            subprocess.run(["redis-cli", "-p", "6379", "shutdown", "nosave"], capture_output=True, timeout=10)
-            wait_for(lambda: not redis_up(), timeout=10, what="Redis to stop")
+            outage.stop()
+            wait_for(lambda: not outage.up(), timeout=30, what=f"{broker_kind} to stop")
             for i in range(20):
                 with user_engine.begin() as conn:
                     ids.append(outbox.enqueue(conn, noop.s(f"during-{i}"), queue=queue).id)
@@ -320,13 +346,15 @@ def test_broker_down_keeps_rows_and_delivers_after_restart(
             assert relay.failures >= 1
             assert outbox_row(store_url, ids[1])["published_at"] is None
         finally:
-            if not redis_up():
-                subprocess.run(REDIS_RESTART, check=True, timeout=20)
-            wait_for(redis_up, timeout=30, what="Redis to answer again")
+            if not outage.up():
+                outage.start()
+            wait_for(outage.up, timeout=60, what=f"{broker_kind} to answer again")
         wait_for(lambda: all(outbox_row(store_url, i)["published_at"] is not None for i in ids[1:]),
                  timeout=60, what="every row committed while the broker was down to publish")
-        # Redis restarted empty (no persistence): what it holds now is what went out after the restart.
-        assert sorted(drain_ids(app, queue)) == sorted(ids[1:])
+        # Redis restarts empty (no persistence): it holds what went out after the restart.
+        # RabbitMQ keeps its durable queue and persistent messages: the first one is there too.
+        expected = ids[1:] if broker_kind == "redis" else ids
+        assert sorted(drain_ids(app, queue)) == sorted(expected)
     finally:
         relay.stop()
         thread.join(10)
