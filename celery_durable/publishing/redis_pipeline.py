@@ -137,6 +137,23 @@ def execute(channel: Any, commands: Sequence[Command]) -> None:
     if not commands:
         return
     with channel.conn_or_acquire() as client, client.pipeline(transaction=True) as pipe:
-        for name, args in commands:
+        for name, args in coalesce_pushes(commands):
             getattr(pipe, name)(*args)
         pipe.execute()
+
+
+def coalesce_pushes(commands: Sequence[Command]) -> list[Command]:
+    """Consecutive LPUSHes to one list as one LPUSH of all their values, in the same order.
+
+    ``LPUSH key a b`` pushes ``a`` then ``b``: the list ends as after two
+    LPUSHes. Inside one MULTI/EXEC nothing can run between them, so the batch
+    is stored exactly as before, with one command to send and one reply to
+    read per run of pushes instead of one per message.
+    """
+    runs: list[tuple[str, list[Any]]] = []
+    for name, args in commands:
+        if name == "lpush" and runs and runs[-1][0] == "lpush" and runs[-1][1][0] == args[0]:
+            runs[-1][1].extend(args[1:])
+        else:
+            runs.append((name, list(args)))
+    return [(name, tuple(args)) for name, args in runs]
