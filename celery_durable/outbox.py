@@ -17,7 +17,7 @@ from .checkpoints import encode
 from .errors import NotJSON, OutboxDatabaseMismatch, OutboxInvalid
 from .planning.outbox import OptionInvalid, chain_step_options, serialize_options
 from .store import outbox as store
-from .store.engine import ensure_schema, resolve_url, store_url
+from .store.engine import ensure_schema_in, resolve_url, store_url
 
 __all__ = ["enqueue"]
 
@@ -62,7 +62,7 @@ def _prepare(session_or_connection: Session | Connection, app: Any) -> Connectio
     conn = _connection(session_or_connection)
     url = store_url(app)
     _check_same_database(conn.engine.url, url)
-    ensure_schema(url)
+    ensure_schema_in(conn, url)
     return conn
 
 

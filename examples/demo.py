@@ -1,5 +1,8 @@
 """Runs the example app end to end: a real ``-P durable`` worker, a producer, a SIGTERM drain.
 
+Also a durable task enqueued through the transactional outbox: an order committed with its task
+is fulfilled (two checkpointed steps); an order rolled back never sends its task.
+
     python examples/demo.py            # the embedded default: no servers needed
     DURABLE_BROKER_URL=redis://127.0.0.1:6379/0 python examples/demo.py
 
@@ -18,7 +21,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from examples.proj import add, app, build_report, send_email  # noqa: E402
+import sqlalchemy as sa  # noqa: E402
+
+from celery_durable import outbox  # noqa: E402
+from examples.proj import add, app, build_report, fulfil, send_email  # noqa: E402
 
 READY_TIMEOUT = 60.0
 RESULT_TIMEOUT = 120.0
@@ -45,6 +51,24 @@ def wait_ready(worker: subprocess.Popen[bytes], log_path: Path) -> None:
         time.sleep(0.05)
 
 
+def enqueue_orders() -> tuple[str, str]:
+    """One order committed with its fulfil task, one rolled back with its own: (kept id, dropped id)."""
+    engine = sa.create_engine(app.conf.durable_database_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS demo_orders (id INTEGER PRIMARY KEY, item TEXT)")
+        conn.exec_driver_sql("DELETE FROM demo_orders")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO demo_orders (id, item) VALUES (1, 'book')")
+        kept = outbox.enqueue(conn, fulfil.s(1))
+    with engine.connect() as conn:
+        trans = conn.begin()
+        conn.exec_driver_sql("INSERT INTO demo_orders (id, item) VALUES (2, 'lamp')")
+        dropped = outbox.enqueue(conn, fulfil.s(2))
+        trans.rollback()
+    engine.dispose()
+    return kept.id, dropped.id
+
+
 def main() -> int:
     log_path = REPO / "examples" / "worker.log"
     print(f"broker:  {app.conf.broker_url}")
@@ -60,6 +84,10 @@ def main() -> int:
         )
         values = [r.get(timeout=RESULT_TIMEOUT) for r in results]
         elapsed = time.monotonic() - began
+        kept_id, dropped_id = enqueue_orders()
+        # The worker's outbox relay publishes the committed row; the rolled-back one never existed.
+        fulfilled = app.AsyncResult(kept_id).get(timeout=RESULT_TIMEOUT)
+        dropped_state = app.AsyncResult(dropped_id).state
     except BaseException:
         worker.kill()
         raise
@@ -67,6 +95,9 @@ def main() -> int:
     ok = values[:20] == expected and len(values) == 34
     print(f"ran {len(values)} tasks on 3 queues in {elapsed:.2f}s: "
           f"{values[0]}, {values[20]!r}, {values[-1]!r} ...")
+    ok = ok and fulfilled["charge"] == "ch_1" and dropped_state == "PENDING"
+    print(f"outbox:  committed order fulfilled by a durable task: {fulfilled}; "
+          f"rolled-back order's task never sent (state {dropped_state})")
     for line in log_path.read_text(errors="replace").splitlines():
         if "durable.worker.capacity" in line:
             print("worker:  " + line.split("] ", 1)[-1])

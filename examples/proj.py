@@ -4,6 +4,8 @@
                          e.g. redis://127.0.0.1:6379/0 or amqp://guest:guest@127.0.0.1:5672//
     DURABLE_RESULT_URL   result backend (default: an SQLite file here)
                          e.g. db+postgresql://postgres@127.0.0.1/test
+    DURABLE_STORE_URL    durable store: runs, steps, the outbox, and the demo's orders table
+                         (default: an SQLite file here), e.g. postgresql+psycopg2://postgres@127.0.0.1/test
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ app.conf.update(
     task_acks_late=True,
     durable_max_in_flight=4,
     durable_queue_concurrency={"reports": 1},
+    durable_database_url=os.environ.get("DURABLE_STORE_URL", f"sqlite:///{HERE}/durable-store.sqlite"),
 )
 
 
@@ -50,3 +53,20 @@ def send_email(to: str) -> str:
 def build_report(name: str) -> str:
     time.sleep(0.3)
     return f"report {name} built"
+
+
+def charge(order_id: int) -> dict[str, object]:
+    """Stands in for a payment call: a step runs it once, whatever happens to the run after."""
+    return {"id": f"ch_{order_id}", "amount": 10 * order_id}
+
+
+def send_receipt(order_id: int, charge_id: str) -> str:
+    return f"receipt for order {order_id} ({charge_id})"
+
+
+@app.durable_task(bind=True, max_retries=3)
+def fulfil(self, order_id: int) -> dict[str, object]:
+    """A durable task: each step's result is checkpointed, so a retry or redelivery skips it."""
+    paid = self.step("charge", charge, order_id)
+    receipt = self.step("receipt", send_receipt, order_id, paid["id"])
+    return {"order": order_id, "charge": paid["id"], "receipt": receipt}

@@ -66,8 +66,10 @@ def _sqlite_engine(url: str) -> Engine:
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
         # WAL: readers never block the one writer, so threads and processes share the file.
-        cursor.execute("PRAGMA journal_mode=WAL")
+        # The busy timeout first: switching to WAL needs a moment with no other
+        # writer (another process's transaction), and waits for it instead of failing.
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode=WAL")
         # NORMAL is durable across a process crash in WAL mode (only an OS crash can lose the tail).
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
@@ -183,10 +185,41 @@ def ensure_schema(url: str | None) -> Engine:
         if found is None and not has_tables:
             migrate(url)
         elif found != HEAD_REVISION:
-            target = sa.engine.make_url(url).render_as_string(hide_password=True)
-            raise SchemaOutdated(
-                f"the durable store at {target} is at schema revision {found or 'none (unversioned)'}; "
-                f"this code needs {HEAD_REVISION}: run `celery -A proj durable migrate`"
-            )
+            raise _outdated(url, found)
     _checked.add(key)
     return engine
+
+
+def ensure_schema_in(conn: Connection, url: str | None) -> None:
+    """``ensure_schema`` through the caller's connection, inside the caller's transaction.
+
+    For ``outbox.enqueue``: its caller may already hold the database's write
+    lock (SQLite: any INSERT of theirs), so a second connection of ours would
+    wait on that lock until the caller's transaction ends, which it cannot do
+    before enqueue returns. A fresh store is migrated in the caller's
+    transaction: it commits with their row, or rolls back with it (then it is
+    not counted as checked).
+    """
+    from alembic import command
+
+    url = resolve_url(url)
+    key = (os.getpid(), url)
+    if key in _checked:
+        return
+    with unavailable_as_error(url):
+        found = current_revision(conn)
+        if found is None and not sa.inspect(conn).has_table("durable_runs"):
+            _lock_migrations(conn)
+            command.upgrade(alembic_config(url, conn), "head")
+            return
+    if found != HEAD_REVISION:
+        raise _outdated(url, found)
+    _checked.add(key)
+
+
+def _outdated(url: str, found: str | None) -> SchemaOutdated:
+    target = sa.engine.make_url(url).render_as_string(hide_password=True)
+    return SchemaOutdated(
+        f"the durable store at {target} is at schema revision {found or 'none (unversioned)'}; "
+        f"this code needs {HEAD_REVISION}: run `celery -A proj durable migrate`"
+    )

@@ -388,3 +388,29 @@ def test_notify_wakes_the_relay_within_tens_of_ms(user_engine: sa.engine.Engine,
     p99 = sorted(latencies)[int(len(latencies) * 0.99) - 1]
     print(f"commit-to-publish with LISTEN/NOTIFY: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
     assert len(drain_ids(app, queue)) == 30
+
+
+def test_the_first_enqueue_on_a_fresh_store_works_inside_a_transaction_that_already_wrote(
+        store_url: str) -> None:
+    """The caller's transaction holds the write lock (SQLite) before enqueue runs: the fresh store's
+    schema is made in that transaction, not on a second connection waiting for that lock."""
+    app = make_app(broker_url("redis"), store_url)
+    queue = f"fresh-{uuid.uuid4().hex[:8]}"
+    noop = app.tasks["outbox.noop"]
+    engine = sa.create_engine(store_url)
+    try:
+        with engine.connect() as conn:
+            trans = conn.begin()
+            conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS user_orders (id INTEGER PRIMARY KEY)")
+            conn.exec_driver_sql("INSERT INTO user_orders (id) VALUES (1)")
+            dropped = outbox.enqueue(conn, noop.s("dropped"), queue=queue).id
+            trans.rollback()  # the durable tables go with it
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS user_orders (id INTEGER PRIMARY KEY)")
+            conn.exec_driver_sql("INSERT INTO user_orders (id) VALUES (2)")
+            kept = outbox.enqueue(conn, noop.s("kept"), queue=queue).id
+    finally:
+        engine.dispose()
+    assert Relay(app).run_pass().published == 1
+    assert drain_ids(app, queue) == [kept]
+    assert outbox_row(store_url, dropped) is None
