@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -255,12 +256,15 @@ def test_rabbitmq_refusal_or_missing_acks_fail_the_whole_batch_and_the_next_one_
     with amqp_app.producer_or_acquire() as producer:
         retried = publish_batch(amqp_app, producer, good, fixed_now)
     assert retried == BatchPublished(sent=2, batched=2)
-    # ok-1 went out before the refusal (ok-2, after it on the closed channel, did not), and
-    # both went out in the timed-out batch: republished under the same task ids, which is
-    # what makes a durable task's second delivery a no-op.
-    delivered = drain_amqp(amqp_app, queue, 5)
-    assert sorted(delivered) == sorted([rows[0].task_id] * 3 + [rows[2].task_id] * 2)
-    assert drain_amqp(amqp_app, queue, 0, quiet_for=0.3) == []
+    # The retry delivered both. Before it, ok-1 may have gone out ahead of the refusal, and
+    # either may have gone out in the timed-out batch (frames written, acks not awaited: the
+    # broker may or may not have routed them before the connection was dropped). Whatever
+    # went out twice went out under the same task id, which is what makes a durable task's
+    # second delivery a no-op; nothing else went out.
+    delivered = drain_amqp(amqp_app, queue, 2, quiet_for=1.0)
+    counts = Counter(delivered)
+    assert set(counts) == {rows[0].task_id, rows[2].task_id}
+    assert counts[rows[0].task_id] <= 3 and counts[rows[2].task_id] <= 2
 
 
 def drop_broker_connections(broker: tuple[str, str]) -> None:
