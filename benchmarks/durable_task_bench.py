@@ -18,9 +18,7 @@ and tally. Rounds are interleaved; the median is reported.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import shlex
 import statistics
 import sys
 import tempfile
@@ -35,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 from celery_durable.store.engine import dispose_all, ensure_schema  # noqa: E402
 from tests.stores import fresh_store  # noqa: E402
-from worker_bench import Broker, Variant, run_throughput  # noqa: E402
+from worker_bench import Broker, Variant, run_throughput, write_report  # noqa: E402
 
 WORKERS = [
     Variant("durable threads -c8", "durable", 8, {"durable_execution": "threads", "durable_max_in_flight": 8}),
@@ -107,18 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report)
     print(f"(total {elapsed:.0f} s)")
     if args.write:
-        command = "/work/venv/bin/python benchmarks/durable_task_bench.py " + " ".join(
-            shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-        header = [
-            "# Durable-task throughput through real workers",
-            "",
-            f"- command: `{command}`",
-            f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
-            f"- machine: {os.cpu_count()} cores; brokers and databases local; total run {elapsed:.0f} s",
-            "",
-        ]
-        Path(args.write).write_text("\n".join(header) + "\n" + report + "\n")
-        print(f"written to {args.write}")
+        write_report(Path(args.write), "Durable-task throughput through real workers", "durable_task_bench.py",
+                     argv, [f"- machine: {os.cpu_count()} cores; brokers and databases local; "
+                            f"total run {elapsed:.0f} s"], report)
     return 0
 
 

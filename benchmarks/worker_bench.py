@@ -581,6 +581,17 @@ def _code_state() -> str:
     return state
 
 
+def write_report(path: Path, title: str, script: str, argv: Sequence[str] | None, facts: list[str],
+                 report: str) -> None:
+    """The tables as markdown under a header naming the command that made them and when."""
+    command = f"/work/venv/bin/python benchmarks/{script} " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    header = [f"# {title}", "", f"- command: `{command}`",
+              f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}", *facts, ""]
+    path.write_text("\n".join(header) + "\n" + report + "\n")
+    print(f"written to {path}")
+
+
 # -- main ---------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -682,22 +693,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report)
     print(f"(total {elapsed:.0f} s; worker logs in {log_dir})")
     if args.write:
-        command = "/work/venv/bin/python benchmarks/worker_bench.py " + " ".join(
-            shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-        header = [
-            "# Worker benchmark: `-P durable` vs stock Celery",
-            "",
-            f"- command: `{command}`",
-            f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        write_report(Path(args.write), "Worker benchmark: `-P durable` vs stock Celery", "worker_bench.py", argv, [
             f"- machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
             f"Celery {__import__('celery').__version__}, kombu {__import__('kombu').__version__}",
             f"- brokers: {', '.join(kinds)} (local); workers at `-l warning`, "
-            "`--without-mingle --without-gossip`; total run {:.0f} s".format(elapsed),
+            f"`--without-mingle --without-gossip`; total run {elapsed:.0f} s",
             f"- code: {_code_state()}",
-            "",
-        ]
-        Path(args.write).write_text("\n".join(header) + "\n" + report + "\n")
-        print(f"written to {args.write}")
+        ], report)
     return 1 if any(r.error for r in rows) else 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -38,12 +39,18 @@ def store_url(app: Any) -> str:
 
 def resolve_url(url: str | None) -> str:
     """The URL as the store uses it; a relative SQLite path is fixed to the working directory now."""
-    url = url or DEFAULT_URL
+    return _resolve(url or DEFAULT_URL, os.getcwd())
+
+
+@functools.lru_cache(maxsize=64)
+def _resolve(url: str, cwd: str) -> str:
+    # Cached: every run, enqueue and relay pass resolves the app's URL, and parsing it is
+    # the only cost; the working directory is part of the key, as a relative path depends on it.
     parsed = sa.engine.make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         path = Path(parsed.database)
         if not path.is_absolute():
-            url = parsed.set(database=str(Path.cwd() / path)).render_as_string(hide_password=False)
+            url = parsed.set(database=str(Path(cwd) / path)).render_as_string(hide_password=False)
     return url
 
 
@@ -180,12 +187,9 @@ def ensure_schema(url: str | None) -> Engine:
         return engine
     with unavailable_as_error(url):
         with engine.connect() as conn:
-            found = current_revision(conn)
-            has_tables = sa.inspect(conn).has_table("durable_runs")
-        if found is None and not has_tables:
+            fresh = _is_fresh(conn, url)
+        if fresh:
             migrate(url)
-        elif found != HEAD_REVISION:
-            raise _outdated(url, found)
     _checked.add(key)
     return engine
 
@@ -207,19 +211,23 @@ def ensure_schema_in(conn: Connection, url: str | None) -> None:
     if key in _checked:
         return
     with unavailable_as_error(url):
-        found = current_revision(conn)
-        if found is None and not sa.inspect(conn).has_table("durable_runs"):
+        if _is_fresh(conn, url):
             _lock_migrations(conn)
             command.upgrade(alembic_config(url, conn), "head")
             return
-    if found != HEAD_REVISION:
-        raise _outdated(url, found)
     _checked.add(key)
 
 
-def _outdated(url: str, found: str | None) -> SchemaOutdated:
-    target = sa.engine.make_url(url).render_as_string(hide_password=True)
-    return SchemaOutdated(
-        f"the durable store at {target} is at schema revision {found or 'none (unversioned)'}; "
-        f"this code needs {HEAD_REVISION}: run `celery -A proj durable migrate`"
-    )
+def _is_fresh(conn: Connection, url: str) -> bool:
+    """True for a database with no durable tables yet (to migrate), False for one at the code's
+    revision; any other revision is refused with the command that migrates it."""
+    found = current_revision(conn)
+    if found is None and not sa.inspect(conn).has_table("durable_runs"):
+        return True
+    if found != HEAD_REVISION:
+        target = sa.engine.make_url(url).render_as_string(hide_password=True)
+        raise SchemaOutdated(
+            f"the durable store at {target} is at schema revision {found or 'none (unversioned)'}; "
+            f"this code needs {HEAD_REVISION}: run `celery -A proj durable migrate`"
+        )
+    return False

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from .schema import CANCELLED, DEAD, FAILED, RUNNING, SETTLED, runs
@@ -64,6 +65,11 @@ def _begin_attempt_statement() -> sa.TextClause:
 _BEGIN_ATTEMPT = _begin_attempt_statement()
 
 
+def _require_supported(conn: Connection) -> None:
+    if conn.dialect.name not in ("postgresql", "sqlite"):
+        raise NotImplementedError(f"celery_durable supports PostgreSQL and SQLite, not {conn.dialect.name}")
+
+
 def begin_attempt(conn: Connection, *, run_id: str, task_name: str, queue: str | None,
                   args: str, kwargs: str) -> tuple[Run, bool]:
     """Record an attempt starting: (the run, True) — or (the settled run, False) if it must not run.
@@ -71,8 +77,7 @@ def begin_attempt(conn: Connection, *, run_id: str, task_name: str, queue: str |
     One statement: insert the run, or count one more attempt on a run that has
     not settled. A settled run is left as it is and read back.
     """
-    if conn.dialect.name not in ("postgresql", "sqlite"):
-        raise NotImplementedError(f"celery_durable supports PostgreSQL and SQLite, not {conn.dialect.name}")
+    _require_supported(conn)
     row = conn.execute(_BEGIN_ATTEMPT, {"id": run_id, "task_name": task_name, "queue": queue,
                                         "args": args, "kwargs": kwargs, "at": now()}).one_or_none()
     if row is not None:
@@ -111,12 +116,8 @@ def cancel(conn: Connection, *, run_id: str, task_name: str, queue: str | None, 
     One statement, like :func:`begin_attempt`: whichever of a cancel and an
     attempt's outcome is written first stands.
     """
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    elif conn.dialect.name == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert
-    else:
-        raise NotImplementedError(f"celery_durable supports PostgreSQL and SQLite, not {conn.dialect.name}")
+    _require_supported(conn)
+    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
     at = now()
     # Built per call (not cached like begin_attempt's): a cancel is rare.
     stmt = insert(runs).values(

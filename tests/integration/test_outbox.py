@@ -7,7 +7,6 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import timezone
 from typing import Any
 
@@ -42,14 +41,6 @@ def make_app(broker: str, store_url: str) -> Celery:
 
     return app
 
-
-@pytest.fixture
-def user_engine(store_url: str) -> Iterator[sa.engine.Engine]:
-    """The caller's own engine on the durable database (not celery_durable's)."""
-    ensure_schema(store_url)
-    engine = sa.create_engine(store_url)
-    yield engine
-    engine.dispose()
 
 
 def drain_ids(app: Celery, queue: str, *, quiet_for: float = 0.3) -> list[str]:

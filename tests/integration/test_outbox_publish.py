@@ -22,7 +22,6 @@ from celery_durable.publishing import amqp_confirms, redis_pipeline
 from celery_durable.publishing.batch import BatchPublished, publish_batch, publish_one_by_one
 from celery_durable.relay import Relay
 from celery_durable.store import outbox as store
-from celery_durable.store.engine import ensure_schema
 from celery_durable.store.outbox import OutboxRow
 from tests.services import broker_url
 
@@ -46,13 +45,6 @@ def make_app(broker: str, store_url: str) -> Celery:
 
     return app
 
-
-@pytest.fixture
-def user_engine(store_url: str) -> Iterator[sa.engine.Engine]:
-    ensure_schema(store_url)
-    engine = sa.create_engine(store_url)
-    yield engine
-    engine.dispose()
 
 
 def enqueue_and_claim(app: Celery, engine: sa.engine.Engine, specs: list[tuple[tuple[Any, ...], dict[str, Any]]]
