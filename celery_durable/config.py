@@ -14,6 +14,9 @@ DEFAULT_QUEUE_SLOTS = 8
 
 EXECUTION_MODES = ("prefork", "threads")
 
+#: Seconds a run lease lives past its last heartbeat, unless ``durable_lease_ttl`` says otherwise.
+DEFAULT_LEASE_TTL = 30.0
+
 
 @dataclass(frozen=True)
 class DurableConfig:
@@ -42,6 +45,9 @@ class DurableConfig:
     relay_poll_interval: float = 1.0
     #: Seconds a published outbox row is kept before the relay deletes it.
     outbox_retention: float = 86400.0
+    #: Seconds a run's lease outlives its holder's last heartbeat (renewed every third of it):
+    #: how long a run whose worker died waits before another delivery takes it over.
+    lease_ttl: float = DEFAULT_LEASE_TTL
 
     def __post_init__(self) -> None:
         if self.max_in_flight is not None:
@@ -87,6 +93,7 @@ class DurableConfig:
         whole_number("durable_relay_batch_size", self.relay_batch_size)
         positive_seconds("durable_relay_poll_interval", self.relay_poll_interval)
         positive_seconds("durable_outbox_retention", self.outbox_retention)
+        positive_seconds("durable_lease_ttl", self.lease_ttl)
 
     def slots_for(self, queue: str) -> int:
         return self.queue_slots.get(queue, self.default_queue_slots)
@@ -140,6 +147,7 @@ def from_celery_conf(conf: Mapping[str, Any]) -> DurableConfig:
         "durable_relay_batch_size",
         "durable_relay_poll_interval",
         "durable_outbox_retention",
+        "durable_lease_ttl",
         # Read by later parts of the package; accepted here so setting them
         # does not refuse a worker's boot.
         "durable_database_url",
@@ -175,9 +183,17 @@ def from_celery_conf(conf: Mapping[str, Any]) -> DurableConfig:
         "durable_relay_batch_size": "relay_batch_size",
         "durable_relay_poll_interval": "relay_poll_interval",
         "durable_outbox_retention": "outbox_retention",
+        "durable_lease_ttl": "lease_ttl",
     }
     for setting, name in optional.items():
         value = conf.get(setting)
         if value is not None:
             kwargs[name] = value
     return DurableConfig(**kwargs)
+
+
+def lease_ttl(conf: Mapping[str, Any]) -> float:
+    """``durable_lease_ttl`` as a durable task reads it (also under a stock worker, which never
+    builds a DurableConfig): validated the same way."""
+    value = conf.get("durable_lease_ttl")
+    return DEFAULT_LEASE_TTL if value is None else positive_seconds("durable_lease_ttl", value)

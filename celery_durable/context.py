@@ -15,8 +15,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import faults
 from .checkpoints import Ledger, check_step_name, to_json
-from .errors import NotDurable, StepNameInvalid
-from .store import steps
+from .errors import NotDurable, StepNameInvalid, StoreUnavailable
+from .store import outage, runs, steps
 from .store.engine import unavailable_as_error
 from .store.runs import Run
 
@@ -33,6 +33,7 @@ class RunContext:
     conn: Connection  # autocommit: a checkpoint INSERT is its own transaction
     engine: Engine    # for transactional steps, which need a transaction of their own
     url: str
+    token: str = ""   # this attempt's lease token: a durable sleep hands the run to its wake-up with it
 
     def step(self, name: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
              transactional: bool = False) -> Any:
@@ -80,8 +81,22 @@ class RunContext:
                         self.run.id, remaining,
                         extra={"event": "durable.sleep.eager", "run_id": self.run.id, "step": name})
             return
+        from .execution import RESUME_HEADER
+
         # Same id, args and retries count: the sleep does not burn an attempt.
-        task.signature_from_request(request, countdown=remaining, retries=request.retries).apply_async()
+        # The wake-up carries this attempt's lease token: it alone resumes the
+        # run; any other copy delivered meanwhile finds it sleeping and is dropped.
+        headers = {**(getattr(request, "headers", None) or {}), RESUME_HEADER: self.token}
+        task.signature_from_request(request, countdown=remaining, retries=request.retries,
+                                    headers=headers).apply_async()
+        try:
+            with unavailable_as_error(self.url):
+                marked_sleeping = runs.hand_off_to_sleep(self.conn, self.run.id, self.token)
+        except StoreUnavailable as err:
+            # The wake-up still carries the token the row names: it resumes the run all the same.
+            outage.unavailable(self.url, err)
+            marked_sleeping = False
+        logger.debug("durable.sleep.handed_off id=%s marked_sleeping=%s", self.run.id, marked_sleeping)
         raise Ignore(f"durable sleep {name!r}: woken again in {remaining:.3f}s")
 
 

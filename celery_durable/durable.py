@@ -9,11 +9,11 @@ from typing import Any
 from celery import Task
 
 from .context import current
-from .errors import NotDurable, NotJSON, SchemaOutdated, StepNameInvalid
+from .errors import NotDurable, NotJSON, RunExhausted, SchemaOutdated, StepNameInvalid
 from .execution import execute
 
 #: Errors no retry can fix: they bury the run at once instead of burning its retries.
-FINAL_ERRORS: tuple[type[BaseException], ...] = (NotJSON, StepNameInvalid, NotDurable, SchemaOutdated)
+FINAL_ERRORS: tuple[type[BaseException], ...] = (NotJSON, StepNameInvalid, NotDurable, SchemaOutdated, RunExhausted)
 
 
 class DurableTask(Task):  # type: ignore[misc]

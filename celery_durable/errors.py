@@ -61,6 +61,16 @@ class StepNameInvalid(DurableError):
     code = "durable.step.name_invalid"
 
 
+class RunExhausted(DurableError):
+    """A run that started more times than its retries allow without ever recording an end.
+
+    Its process died on each attempt (an OOM, a segfault): it is buried dead
+    instead of crash-looping the fleet; ``runs.requeue`` gives it a fresh budget.
+    """
+
+    code = "durable.run.exhausted"
+
+
 class NotJSON(DurableError):
     """A value that must be stored (a step result, a run's arguments or result) does not round-trip through JSON."""
 

@@ -1,8 +1,20 @@
-"""One execution of a durable run: start the attempt, run the body with its step context, settle it."""
+"""One execution of a durable run: take its lease (or defer, drop or bury the delivery), run the body, settle it.
+
+Which delivery acks what (see README, "Leases"): the delivery that takes the
+run's lease runs the body and is acked when the attempt ends (``acks_late``).
+A copy that finds the run settled, or sleeping until a wake-up that exists, is
+acked without running. A copy that finds a live attempt is re-sent to look
+again just after that attempt's lease would expire, and then acked: if the live
+attempt ends, the copy is a no-op; if its process died, the copy takes over.
+While the store cannot be reached, a delivery is re-sent with a growing
+countdown (same id, same retry count: no attempt spent) and acked, so it is
+never lost and never burns the task's retries.
+"""
 
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -10,14 +22,24 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from . import metrics
 from .checkpoints import Ledger, encode, from_json
+from .config import lease_ttl
 from .context import RunContext, _current
-from .errors import NotDurable
-from .store import runs, steps
+from .errors import NotDurable, RunExhausted, StoreUnavailable
+from .lease_keeper import keeper, new_token
+from .planning import run_admission
+from .planning.run_admission import BURY, DUPLICATE, RUN, RowView
+from .store import outage, runs, steps
 from .store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
 from .store.runs import Run
-from .store.schema import DEAD, FAILED, SUCCEEDED
+from .store.schema import DEAD, FAILED, SETTLED, SLEEPING, SUCCEEDED
 
 logger = logging.getLogger("celery_durable.run")
+
+#: The message header naming the lease token a run was handed to (a wake-up, a re-send after a
+#: store outage): that delivery may take the run over at once, and does not count as a lost attempt.
+RESUME_HEADER = "durable_resume"
+#: The message header counting how many times a delivery already waited for the store.
+STORE_WAITS_HEADER = "durable_store_waits"
 
 
 def will_retry(task: Any, exc: BaseException) -> bool:
@@ -26,8 +48,21 @@ def will_retry(task: Any, exc: BaseException) -> bool:
     never_for = tuple(getattr(task, "dont_autoretry_for", ()) or ())
     if not retry_for or not isinstance(exc, retry_for) or (never_for and isinstance(exc, never_for)):
         return False
-    max_retries = getattr(task, "override_max_retries", task.max_retries)
+    max_retries = _max_retries(task)
     return max_retries is None or task.request.retries < max_retries
+
+
+def _max_retries(task: Any) -> int | None:
+    value = getattr(task, "override_max_retries", task.max_retries)
+    return None if value is None else int(value)
+
+
+def header(request: Any, name: str) -> Any:
+    """A custom message header as the request carries it (Celery spreads them over the context)."""
+    value = getattr(request, name, None)
+    if value is None:
+        value = (getattr(request, "headers", None) or {}).get(name)
+    return value
 
 
 def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ...],
@@ -40,79 +75,186 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
     # Checked before anything is written: a run is stored only if it can be requeued as it came.
     args_json = encode(f"the arguments of {task.name}", list(args))
     kwargs_json = encode(f"the keyword arguments of {task.name}", dict(kwargs))
-    engine = ensure_schema(url)
+    resume = header(request, RESUME_HEADER)
+    token = new_token()
+    ttl = lease_ttl(task.app.conf)
     queue = (request.delivery_info or {}).get("routing_key")
-    with unavailable_as_error(url):
-        conn = autocommit(engine).connect()
+    try:
+        engine = ensure_schema(url)
+        with unavailable_as_error(url):
+            conn = autocommit(engine).connect()
+            try:
+                run, started = runs.begin_attempt(conn, run_id=request.id, task_name=task.name, queue=queue,
+                                                  args=args_json, kwargs=kwargs_json, token=token,
+                                                  lease_seconds=ttl, resume=resume)
+                # attempts == 1 only on the insert that created the run: no step can exist yet,
+                # so a new run skips the read (every later attempt counts one more).
+                ledger = Ledger(stored=steps.load(conn, run.id)) if started and run.attempts > 1 else Ledger()
+            except BaseException:
+                conn.close()
+                raise
+    except StoreUnavailable as err:
+        return _wait_for_store(task, url, err, resume)
+    outage.available(url)
+
+    verdict = run_admission.admit(
+        RowView(run.state, run.lease_holder, run.lease_expiry, run.lost_attempts), started=started,
+        settled_states=SETTLED, sleeping_state=SLEEPING, retries=int(request.retries or 0),
+        max_retries=_max_retries(task), at=runs.now(),
+    )
+    if verdict.kind != RUN:
         try:
-            run, fresh = runs.begin_attempt(conn, run_id=request.id, task_name=task.name, queue=queue,
-                                            args=args_json, kwargs=kwargs_json)
-            # attempts == 1 only on the insert that created the run: no step can exist yet,
-            # so a new run skips the read (every later attempt counts one more).
-            ledger = Ledger(stored=steps.load(conn, run.id)) if fresh and run.attempts > 1 else Ledger()
-        except BaseException:
+            if verdict.kind == BURY:
+                return _bury(task, conn, url, run, verdict.reason)
+        finally:
             conn.close()
-            raise
-    if not fresh:
-        conn.close()
-        return _duplicate(task, run)
+        if verdict.kind == DUPLICATE:
+            return _duplicate(task, run)
+        return _defer(task, run, verdict.delay)
 
-    ctx = RunContext(task=task, run=run, ledger=ledger, conn=conn, engine=engine, url=url)
-    token = _current.set(ctx)
+    ctx = RunContext(task=task, run=run, ledger=ledger, conn=conn, engine=engine, url=url, token=token)
+    token_var = _current.set(ctx)
+    keeper().hold(url, run.id, token, ttl)
     try:
-        try:
-            value = body(task, *args, **kwargs) if bind else body(*args, **kwargs)
-            encoded = encode(f"the result of {task.name}", value)
-        except (Ignore, Reject):
-            # A durable sleep (or the body's own choice): the run is not over and did not fail.
-            raise
-        except Retry as exc:
-            if _settle(ctx, FAILED, error=runs.render_error(exc.exc or exc), quiet=True):
-                metrics.count(run.queue, "failed")
-            raise
-        except Exception as exc:
-            if will_retry(task, exc):
-                if _settle(ctx, FAILED, error=runs.render_error(exc), quiet=True):
-                    metrics.count(run.queue, "failed")
-            else:
-                settled = _settle(ctx, DEAD, error=runs.render_error(exc), quiet=True)
-                if settled is not None:
-                    logger.error("durable.run.dead task=%s id=%s error=%s", task.name, run.id,
-                                 settled.last_error,
-                                 extra={"event": "durable.run.dead", "task": task.name, "run_id": run.id,
-                                        "error": settled.last_error})
-                    metrics.count(run.queue, "dead_lettered")
-                    call_hook(task, settled)
-            raise
-        # Not quiet: if the outcome cannot be written the attempt fails and
-        # retries, replaying every step, instead of ending unrecorded.
-        settled = _settle(ctx, SUCCEEDED, result=encoded, quiet=False)
-        if settled is not None:
-            metrics.count(run.queue, "succeeded")
-            call_hook(task, settled)
-        return value
+        return _attempt(ctx, body, bind, args, kwargs)
+    except StoreUnavailable as err:
+        # Our own lease goes with the re-sent message: it resumes the run at once, as no lost attempt.
+        return _wait_for_store(task, url, err, token)
     finally:
-        _current.reset(token)
+        keeper().release(url, run.id)
+        _current.reset(token_var)
         conn.close()
 
 
-def _settle(ctx: RunContext, state: str, *, result: str | None = None, error: str | None = None,
-            quiet: bool) -> Run | None:
-    """The run as settled by this attempt; None if a cancel settled it first (nothing left to count)."""
+def _attempt(ctx: RunContext, body: Callable[..., Any], bind: bool, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
+    task, run = ctx.task, ctx.run
     try:
-        with unavailable_as_error(ctx.url):
-            settled = runs.settle(ctx.conn, ctx.run, state, result=result, error=error)
-    except Exception:
-        if not quiet:
-            raise
-        # The body's own exception is what Celery must see; the row keeps its last state.
-        logger.warning("durable.run.settle_failed id=%s state=%s", ctx.run.id, state, exc_info=True)
-        return Run(**{**ctx.run.__dict__, "state": state, "result": result, "last_error": error})
+        value = body(task, *args, **kwargs) if bind else body(*args, **kwargs)
+        encoded = encode(f"the result of {task.name}", value)
+    except (Ignore, Reject, StoreUnavailable):
+        # A durable sleep (or the body's own choice): the run is not over and did not fail.
+        # The store being down is no failure of the run either: the caller waits for it.
+        raise
+    except Retry as exc:
+        # task.retry() has already sent the next attempt: an outcome the store
+        # cannot take now must not send a second one.
+        try:
+            if _settle(ctx, FAILED, error=runs.render_error(exc.exc or exc)):
+                metrics.count(run.queue, "failed")
+        except StoreUnavailable as err:
+            outage.unavailable(ctx.url, err)
+        raise
+    except Exception as exc:
+        if will_retry(task, exc):
+            if _settle(ctx, FAILED, error=runs.render_error(exc)):
+                metrics.count(run.queue, "failed")
+        else:
+            settled = _settle(ctx, DEAD, error=runs.render_error(exc))
+            if settled is not None:
+                logger.error("durable.run.dead task=%s id=%s error=%s", task.name, run.id,
+                             settled.last_error,
+                             extra={"event": "durable.run.dead", "task": task.name, "run_id": run.id,
+                                    "error": settled.last_error})
+                metrics.count(run.queue, "dead_lettered")
+                call_hook(task, settled)
+        raise
+    # If the outcome cannot be written (the store went down) the caller re-sends
+    # the run under this attempt's lease: it replays every step from its checkpoint.
+    settled = _settle(ctx, SUCCEEDED, result=encoded)
+    if settled is not None:
+        metrics.count(run.queue, "succeeded")
+        call_hook(task, settled)
+    return value
+
+
+def _settle(ctx: RunContext, state: str, *, result: str | None = None, error: str | None = None) -> Run | None:
+    """The run as settled by this attempt; None if it no longer holds the run (nothing left to count).
+
+    Raises StoreUnavailable when the store cannot be reached: the outcome is not
+    written, and the run must come back rather than end unrecorded.
+    """
+    with unavailable_as_error(ctx.url):
+        settled = runs.settle(ctx.conn, ctx.run, state, result=result, error=error)
     if settled is None:
-        logger.info("durable.run.settled_before id=%s state=%s: cancelled while this attempt ran",
-                    ctx.run.id, state,
+        logger.info("durable.run.settled_before id=%s state=%s: cancelled, or taken over after this "
+                    "attempt's lease expired", ctx.run.id, state,
                     extra={"event": "durable.run.settled_before", "run_id": ctx.run.id, "state": state})
     return settled
+
+
+def _resend(task: Any, countdown: float, headers: dict[str, Any]) -> None:
+    """Send the delivered run again, same id, arguments and retry count, to arrive after ``countdown``."""
+    request = task.request
+    merged = {**(getattr(request, "headers", None) or {}), **headers}
+    task.signature_from_request(request, countdown=countdown, retries=request.retries,
+                                headers=merged).apply_async()
+
+
+def _wait_for_store(task: Any, url: str, err: StoreUnavailable, resume: str | None) -> Any:
+    """The store did not answer: send the run again after a backoff and ack this delivery.
+
+    Not Celery's retry: a store outage is not the run failing, and must not
+    spend its retries. If even the re-send fails (the broker is down too) the
+    delivery goes back to the broker unacked.
+    """
+    request = task.request
+    outage.unavailable(url, err)
+    if request.is_eager:
+        raise err
+    waits = int(header(request, STORE_WAITS_HEADER) or 0)
+    delay = run_admission.store_wait_delay(waits, random.random())
+    headers: dict[str, Any] = {STORE_WAITS_HEADER: waits + 1}
+    if resume is not None:
+        headers[RESUME_HEADER] = resume
+    try:
+        _resend(task, delay, headers)
+    except Exception as send_err:
+        logger.error("durable.run.store_wait_failed id=%s: could not re-send while the store is down (%s); "
+                     "handing the message back to the broker", request.id, send_err,
+                     extra={"event": "durable.run.store_wait_failed", "run_id": request.id})
+        raise Reject(f"durable store unavailable and re-send failed: {send_err}", requeue=True) from err
+    logger.info("durable.run.store_wait id=%s wait=%.2fs", request.id, delay,
+                extra={"event": "durable.run.store_wait", "run_id": request.id, "wait": delay})
+    raise Ignore(f"durable store unavailable: run {request.id} re-sent to try again in {delay:.2f}s")
+
+
+def _defer(task: Any, run: Run, delay: float) -> Any:
+    """A live attempt holds the run: look again once its lease would have expired."""
+    request = task.request
+    if request.is_eager:
+        raise NotDurable(f"durable run {run.id} is being executed elsewhere (its lease is live)")
+    logger.info("durable.run.deferred task=%s id=%s: a live attempt holds it; looking again in %.2fs",
+                task.name, run.id, delay,
+                extra={"event": "durable.run.deferred", "task": task.name, "run_id": run.id, "delay": delay})
+    carried: dict[str, Any] = {}
+    for name in (RESUME_HEADER, STORE_WAITS_HEADER):
+        value = header(request, name)
+        if value is not None:
+            carried[name] = value
+    try:
+        _resend(task, delay, carried)
+    except Exception as send_err:
+        raise Reject(f"could not defer a copy of live run {run.id}: {send_err}", requeue=True) from send_err
+    raise Ignore(f"durable run {run.id} is live elsewhere: this copy looks again in {delay:.2f}s")
+
+
+def _bury(task: Any, conn: Any, url: str, run: Run, reason: str) -> Any:
+    """Settle a run whose attempts keep dying as dead, and fail this delivery without a retry."""
+    error = f"RunExhausted: {reason}"
+    try:
+        with unavailable_as_error(url):
+            settled = runs.settle(conn, run, DEAD, error=error)
+    except StoreUnavailable as err:
+        return _wait_for_store(task, url, err, run.lease_holder)
+    if settled is not None:
+        logger.error("durable.run.exhausted task=%s id=%s attempts=%s: %s", task.name, run.id, run.attempts,
+                     reason, extra={"event": "durable.run.exhausted", "task": task.name, "run_id": run.id,
+                                    "attempts": run.attempts})
+        metrics.count(run.queue, "dead_lettered")
+        call_hook(task, settled)
+    raise RunExhausted(f"durable run {run.id} of {task.name} {reason}; buried as dead "
+                       f"(celery_durable.runs.requeue brings it back)")
 
 
 def _duplicate(task: Any, run: Run) -> Any:
@@ -122,8 +264,9 @@ def _duplicate(task: Any, run: Run) -> Any:
     metrics.count(run.queue, "duplicate")
     if run.state == SUCCEEDED:
         return from_json(run.result)
-    # Acked, and nothing marked failed: the run settled before this delivery.
-    raise Ignore(f"durable run {run.id} already settled as {run.state}")
+    # Acked, and nothing marked failed: the run settled before this delivery, or
+    # sleeps until a wake-up message that exists.
+    raise Ignore(f"durable run {run.id} is {run.state}: this copy does not run it")
 
 
 def call_hook(task: Any, run: Run) -> None:

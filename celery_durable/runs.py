@@ -1,4 +1,4 @@
-"""Operator actions on durable runs: read one, requeue a dead one with its completed steps kept."""
+"""Operator actions on durable runs: read one, requeue a dead (or stranded) one with its completed steps kept."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from .errors import RunNotDead, RunNotFound
 from .store import runs as store_runs
 from .store.engine import ensure_schema, store_url, unavailable_as_error
 from .store.runs import Run
-from .store.schema import DEAD
 
 
 def _app(app: Any) -> Any:
@@ -34,6 +33,10 @@ def get(run_id: str, *, app: Any = None) -> Run:
 def requeue(run_id: str, *, app: Any = None) -> Run:
     """Send a dead run again (same id, args and queue; a fresh retry budget); its steps are kept.
 
+    A run stranded ``running`` whose lease expired (its worker died and no
+    message of it is left, e.g. purged from the broker) is taken too; one
+    whose attempt is alive, or that has not settled otherwise, is refused.
+
     The run is reopened and the message published inside one transaction that
     holds the run's row: a worker that gets the message at once waits for the
     commit instead of seeing the run still dead; a failed publish leaves it dead.
@@ -50,8 +53,10 @@ def requeue(run_id: str, *, app: Any = None) -> Run:
         run = store_runs.get(conn, run_id)
         if run is None:
             raise RunNotFound(f"no durable run has id {run_id!r}")
-        if run.state != DEAD or not store_runs.reopen_dead(conn, run_id):
-            raise RunNotDead(f"run {run_id} is {run.state}; only a dead run can be requeued")
+        if not store_runs.reopen(conn, run_id, store_runs.now()):
+            held = " under a live lease" if run.lease_live(store_runs.now()) else ""
+            raise RunNotDead(f"run {run_id} is {run.state}{held}; only a dead run, or one left running "
+                             f"under an expired lease, can be requeued")
         if not eager:
             _send(app, run)
             return store_runs.get(conn, run_id) or run

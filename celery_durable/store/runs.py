@@ -1,16 +1,25 @@
-"""SQL for durable runs: start an attempt (or find it settled), settle or cancel it, read it, reopen a dead one."""
+"""SQL for durable runs: start an attempt under a lease (or find why not), renew, hand off, settle, cancel, reopen.
+
+The run lease: an attempt executing a run holds it (``lease_holder`` = the
+attempt's token, ``lease_expires_at`` renewed by its process's heartbeat). A
+delivery of the run may start an attempt only when no live attempt holds it:
+no holder; or a holder whose heartbeat stopped (expired, counted as a lost
+attempt); or a holder that handed the run to exactly this message (its
+``durable_resume`` token: a durable sleep's wake-up, a re-send after a store
+outage). So a second copy of a live run never runs beside it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from .schema import CANCELLED, DEAD, FAILED, RUNNING, SETTLED, runs
+from .schema import CANCELLED, DEAD, FAILED, RUNNING, SETTLED, SLEEPING, runs
 
 #: Longest rendered error kept on a run: a traceback-sized message must not bloat the row.
 MAX_ERROR_CHARS = 2000
@@ -32,10 +41,26 @@ class Run:
     started_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    lease_holder: str | None = None
+    lease_expires_at: datetime | None = None
+    lost_attempts: int = 0
 
     @property
     def settled(self) -> bool:
         return self.state in SETTLED
+
+    @property
+    def lease_expiry(self) -> datetime | None:
+        """``lease_expires_at`` as an aware UTC time (SQLite hands back naive ones, written as UTC)."""
+        expires = self.lease_expires_at
+        if expires is not None and expires.tzinfo is None:
+            expires = expires.replace(tzinfo=timezone.utc)
+        return expires
+
+    def lease_live(self, at: datetime) -> bool:
+        """Whether an attempt's heartbeat still vouches for this run at ``at``."""
+        expires = self.lease_expiry
+        return self.lease_holder is not None and expires is not None and expires > at
 
 
 def now() -> datetime:
@@ -51,58 +76,110 @@ def _begin_attempt_statement() -> sa.TextClause:
     # Written out once rather than built per call: SQLAlchemy cannot cache an
     # ON CONFLICT construct ("no key"), and recompiling it cost ~1 ms per run.
     # The same text is valid on PostgreSQL and on SQLite (>= 3.35, RETURNING).
+    # In DO UPDATE, the table's own name reads the row as it was.
+    t = runs.name
     settled = ", ".join(f"'{state}'" for state in sorted(SETTLED))
     columns = ", ".join(c.name for c in runs.c)
+    lost = (f"CASE WHEN {t}.state = '{RUNNING}' AND {t}.lease_holder IS NOT NULL "
+            f"AND {t}.lease_holder <> COALESCE(:resume, '') THEN 1 ELSE 0 END")
     return sa.text(
-        f"INSERT INTO {runs.name} (id, task_name, queue, state, attempts, args, kwargs, started_at, updated_at) "
-        f"VALUES (:id, :task_name, :queue, '{RUNNING}', 1, :args, :kwargs, :at, :at) "
-        f"ON CONFLICT (id) DO UPDATE SET state = '{RUNNING}', attempts = {runs.name}.attempts + 1, "
-        f"updated_at = :at WHERE {runs.name}.state NOT IN ({settled}) "
+        f"INSERT INTO {t} (id, task_name, queue, state, attempts, args, kwargs, started_at, updated_at, "
+        f"lease_holder, lease_expires_at, lost_attempts) "
+        f"VALUES (:id, :task_name, :queue, '{RUNNING}', 1, :args, :kwargs, :at, :at, :token, :expires, 0) "
+        f"ON CONFLICT (id) DO UPDATE SET state = '{RUNNING}', attempts = {t}.attempts + 1, "
+        f"lost_attempts = {t}.lost_attempts + {lost}, "
+        f"lease_holder = :token, lease_expires_at = :expires, updated_at = :at "
+        f"WHERE {t}.state NOT IN ({settled}) AND ({t}.lease_holder IS NULL "
+        f"OR {t}.lease_holder = :resume "
+        f"OR ({t}.state = '{RUNNING}' AND {t}.lease_expires_at <= :at)) "
         f"RETURNING {columns}"
-    ).bindparams(sa.bindparam("at", type_=runs.c.started_at.type)).columns(*runs.c)
+    ).bindparams(
+        sa.bindparam("at", type_=runs.c.started_at.type),
+        sa.bindparam("expires", type_=runs.c.lease_expires_at.type),
+        sa.bindparam("resume", type_=runs.c.lease_holder.type),
+    ).columns(*runs.c)
 
 
 _BEGIN_ATTEMPT = _begin_attempt_statement()
 
+SUPPORTED_DIALECTS = ("postgresql", "sqlite")
+
 
 def _require_supported(conn: Connection) -> None:
-    if conn.dialect.name not in ("postgresql", "sqlite"):
+    if conn.dialect.name not in SUPPORTED_DIALECTS:
         raise NotImplementedError(f"celery_durable supports PostgreSQL and SQLite, not {conn.dialect.name}")
 
 
 def begin_attempt(conn: Connection, *, run_id: str, task_name: str, queue: str | None,
-                  args: str, kwargs: str) -> tuple[Run, bool]:
-    """Record an attempt starting: (the run, True) — or (the settled run, False) if it must not run.
+                  args: str, kwargs: str, token: str, lease_seconds: float,
+                  resume: str | None = None) -> tuple[Run, bool]:
+    """Take the run's lease for a starting attempt: (the run, True) — or (the run as found, False).
 
     One statement: insert the run, or count one more attempt on a run that has
-    not settled. A settled run is left as it is and read back.
+    not settled and that no live attempt holds (``resume``: the hand-off token
+    the delivered message carries). ``False`` comes with the row as it stands:
+    settled, live under another attempt, or sleeping until its own wake-up.
     """
     _require_supported(conn)
-    row = conn.execute(_BEGIN_ATTEMPT, {"id": run_id, "task_name": task_name, "queue": queue,
-                                        "args": args, "kwargs": kwargs, "at": now()}).one_or_none()
+    at = now()
+    row = conn.execute(_BEGIN_ATTEMPT, {
+        "id": run_id, "task_name": task_name, "queue": queue, "args": args, "kwargs": kwargs,
+        "at": at, "token": token, "expires": at + timedelta(seconds=lease_seconds), "resume": resume,
+    }).one_or_none()
     if row is not None:
         return Run(**row._mapping), True
-    settled = get(conn, run_id)
-    if settled is None:  # deleted between the two statements: run it as new next time
+    found = get(conn, run_id)
+    if found is None:  # deleted between the two statements: run it as new next time
         raise RuntimeError(f"run {run_id} vanished while starting")
-    return settled, False
+    return found, False
+
+
+def renew(conn: Connection, leases: dict[str, str], lease_seconds: float) -> set[str]:
+    """Push out the expiry of the leases ``{run_id: token}`` still held; returns the run ids renewed."""
+    if not leases:
+        return set()
+    expires = now() + timedelta(seconds=lease_seconds)
+    renewed: set[str] = set()
+    # One UPDATE per token would cost a round trip per run: the ids select the
+    # rows by primary key and the tokens are checked on what comes back.
+    rows = conn.execute(
+        sa.update(runs).where(runs.c.id.in_(sorted(leases)), runs.c.lease_holder.in_(sorted(set(leases.values()))),
+                              runs.c.state == RUNNING)
+        .values(lease_expires_at=expires).returning(runs.c.id, runs.c.lease_holder)
+    )
+    for run_id, holder in rows:
+        if leases.get(run_id) == holder:
+            renewed.add(run_id)
+    return renewed
+
+
+def hand_off_to_sleep(conn: Connection, run_id: str, token: str) -> bool:
+    """Mark a run sleeping: its attempt ended, and only the wake-up carrying ``token`` may resume it."""
+    result = conn.execute(
+        sa.update(runs).where(runs.c.id == run_id, runs.c.lease_holder == token, runs.c.state == RUNNING)
+        .values(state=SLEEPING, lease_expires_at=None, updated_at=now())
+    )
+    return bool(result.rowcount == 1)
 
 
 def settle(conn: Connection, run: Run, state: str, *, result: str | None = None,
            error: str | None = None) -> Run | None:
-    """Write the outcome of this attempt; returns the run as it now stands.
+    """Write the outcome of this attempt and give up its lease; returns the run as it now stands.
 
-    None when the run settled meanwhile (a revoke cancelled it while this
-    attempt ran): the first outcome stands. ``error=None`` keeps the last
-    error: a run that succeeded on a retry still shows what failed before.
+    None when the attempt no longer holds the run: a revoke cancelled it, or
+    its heartbeat stopped long enough for another attempt to take over. The
+    first outcome stands. ``error=None`` keeps the last error: a run that
+    succeeded on a retry still shows what failed before.
     """
     at = now()
     values: dict[str, Any] = {"state": state, "result": result, "updated_at": at,
-                              "finished_at": at if state in SETTLED else None}
+                              "finished_at": at if state in SETTLED else None,
+                              "lease_holder": None, "lease_expires_at": None}
     if error is not None:
         values["last_error"] = error
     written = conn.execute(
-        sa.update(runs).where(runs.c.id == run.id, runs.c.state.not_in(sorted(SETTLED))).values(**values)
+        sa.update(runs).where(runs.c.id == run.id, runs.c.state.not_in(sorted(SETTLED)),
+                              runs.c.lease_holder == run.lease_holder).values(**values)
     )
     if written.rowcount != 1:
         return None
@@ -126,7 +203,8 @@ def cancel(conn: Connection, *, run_id: str, task_name: str, queue: str | None, 
     )
     stmt = stmt.on_conflict_do_update(
         index_elements=[runs.c.id],
-        set_={"state": CANCELLED, "last_error": reason, "updated_at": at, "finished_at": at},
+        set_={"state": CANCELLED, "last_error": reason, "updated_at": at, "finished_at": at,
+              "lease_holder": None, "lease_expires_at": None},
         where=runs.c.state.not_in(sorted(SETTLED)),
     ).returning(*runs.c)
     row = conn.execute(stmt).one_or_none()
@@ -138,10 +216,17 @@ def get(conn: Connection, run_id: str) -> Run | None:
     return None if row is None else Run(**row._mapping)
 
 
-def reopen_dead(conn: Connection, run_id: str) -> bool:
-    """Move a dead run back to ``failed`` (will run again); False if it was not dead."""
+def reopen(conn: Connection, run_id: str, at: datetime) -> bool:
+    """Make a dead run, or one stranded ``running`` under an expired lease, runnable again.
+
+    It goes back to ``failed`` (will run again) with no holder and a fresh
+    lost-attempt count; False if it was neither.
+    """
+    stranded = sa.and_(runs.c.state == RUNNING,
+                       sa.or_(runs.c.lease_holder.is_(None), runs.c.lease_expires_at <= at))
     result = conn.execute(
-        sa.update(runs).where(runs.c.id == run_id, runs.c.state == DEAD)
-        .values(state=FAILED, finished_at=None, updated_at=now())
+        sa.update(runs).where(runs.c.id == run_id, sa.or_(runs.c.state == DEAD, stranded))
+        .values(state=FAILED, finished_at=None, updated_at=now(), lease_holder=None, lease_expires_at=None,
+                lost_attempts=0)
     )
     return bool(result.rowcount == 1)

@@ -5,14 +5,16 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 #: The Alembic revision the code reads and writes; a database behind it must be migrated.
-HEAD_REVISION = "0002_outbox"
+HEAD_REVISION = "0003_run_leases"
 
 #: Alembic's bookkeeping table, named apart from an application's own ``alembic_version``.
 VERSION_TABLE = "durable_alembic_version"
 
-#: Run states. A run in SETTLED never runs its body again.
+#: Run states. A run in SETTLED never runs its body again. A ``sleeping`` run
+#: waits for the wake-up message its last attempt sent (a durable sleep).
 RUNNING, SUCCEEDED, FAILED, DEAD, CANCELLED = "running", "succeeded", "failed", "dead", "cancelled"
-STATES = (RUNNING, SUCCEEDED, FAILED, DEAD, CANCELLED)
+SLEEPING = "sleeping"
+STATES = (RUNNING, SLEEPING, SUCCEEDED, FAILED, DEAD, CANCELLED)
 SETTLED = frozenset({SUCCEEDED, DEAD, CANCELLED})
 
 metadata = sa.MetaData()
@@ -34,6 +36,15 @@ runs = sa.Table(
     sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+    # The run lease (see celery_durable.store.runs): the token of the attempt
+    # executing the run, or of the message it handed the run to (a durable
+    # sleep, a store outage), and until when the holder's heartbeat vouches
+    # for it (NULL: a hand-off, not a live attempt).
+    sa.Column("lease_holder", sa.String(64), nullable=True),
+    sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
+    # Attempts that started and never recorded an end (their process died):
+    # a run that keeps killing its worker is buried once these use up its retries.
+    sa.Column("lost_attempts", sa.Integer, nullable=False, server_default="0"),
     sa.Index("ix_durable_runs_state", "state"),
 )
 

@@ -172,16 +172,21 @@ class DurableConsumer(Consumer):
         )
         self.claimer = claimer
         restorer = RedisRestorer.for_connection(connection, self.durable_config.restore_interval)
+        timers: list[tuple[float, Callable[[], Any]]] = [(self.durable_config.safety_interval, claimer.kick)]
+        if restorer is not None:
+            timers.append((restorer.interval, restorer.restore))
+            timers.append((restorer.renew_interval, lambda: restorer.renew(self._held_messages())))
         if hub is not None:
-            hub.call_repeatedly(self.durable_config.safety_interval, claimer.kick)
-            if restorer is not None:
-                hub.call_repeatedly(restorer.interval, restorer.restore)
+            for interval, fn in timers:
+                hub.call_repeatedly(interval, fn)
         else:
-            self._poll_timers = [(self.durable_config.safety_interval, claimer.kick)]
-            if restorer is not None:
-                self._poll_timers.append((restorer.interval, restorer.restore))
+            self._poll_timers = timers
             self._poll_timer_due = [0.0 for _ in self._poll_timers]
         return claimer
+
+    def _held_messages(self) -> list[Any]:
+        """Every message this worker holds: running, waiting for a slot, or waiting for its ETA."""
+        return [run.message for run in self.held.snapshot()]
 
     def run_scheduled(self) -> None:
         """Run kicks queued from other threads (no-hub mode only), then due timers."""

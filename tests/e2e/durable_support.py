@@ -81,3 +81,15 @@ def jobs_total(port: int, queue: str, outcome: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     found = re.search(rf'^jobs_total\{{outcome="{outcome}",queue="{re.escape(queue)}"\}} (\S+)$', text, re.M)
     return float(found.group(1)) if found else 0.0
+
+
+def operator_app(s: Scenario, url: str) -> Any:
+    """An app as an operator's shell would have it: the scenario's broker, the durable store."""
+    from celery import Celery
+
+    import celery_durable
+
+    operator = Celery("operator", broker=s.broker_url)
+    celery_durable.install(operator)
+    operator.conf.durable_database_url = url
+    return operator

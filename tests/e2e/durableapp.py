@@ -86,3 +86,33 @@ def _ship(run_id: str) -> str:
 def doomed(self: Any, label: str) -> str:
     self.step("charge", effect, self.request.id, "charge")
     return self.step("ship", _ship, self.request.id)
+
+
+def _slow_effect(run_id: str, step: str, seconds: float) -> str:
+    import time
+
+    time.sleep(seconds)  # the step's work: long enough to outlive a visibility timeout or a lease
+    return effect(run_id, step)
+
+
+@app.durable_task(bind=True, name="durable.long_steps", max_retries=3, default_retry_delay=0,
+                  on_settled=_settled)
+def long_steps(self: Any, label: str, count: int, seconds: float) -> str:
+    run_id = self.request.id
+    observe("exec", label, id=run_id, pid=os.getpid())
+    for n in range(count):
+        self.step(f"s{n}", _slow_effect, run_id, f"s{n}", seconds)
+    observe("end", label, id=run_id)
+    return label
+
+
+@app.durable_task(bind=True, name="durable.self_killer", max_retries=2, default_retry_delay=0,
+                  on_settled=_settled)
+def self_killer(self: Any, label: str) -> str:
+    # As an OOM kill or a segfault in a C extension would: the pool child dies mid-run, every time,
+    # until the test lets it live.
+    observe("exec", label, id=self.request.id, pid=os.getpid())
+    if not _client().get(_key(f"spare:{label}")):
+        os._exit(9)
+    observe("end", label, id=self.request.id)
+    return label

@@ -24,8 +24,10 @@ def _redelivery(url: str, broker_kind: str) -> dict:
         # Redis gives an unacked message back only after its visibility timeout,
         # found by the worker's restore pass; RabbitMQ does at once, when the
         # killed worker's connection closes.
-        return conf(url, durable_restore_interval=0.5, broker_transport_options={"visibility_timeout": 3})
-    return conf(url)
+        return conf(url, durable_restore_interval=0.5, broker_transport_options={"visibility_timeout": 3},
+                    durable_lease_ttl=2)
+    # The killed attempt's lease must expire before the redelivery may take the run over.
+    return conf(url, durable_lease_ttl=2)
 
 
 @pytest.mark.parametrize("store_kind", ["postgresql", "sqlite"])

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import pickle
 import uuid
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -19,13 +20,14 @@ from celery_durable import runs as durable_runs
 from celery_durable.errors import NotJSON, RunNotDead, SchemaOutdated, StoreUnavailable
 from celery_durable.store.engine import engine_for
 from celery_durable.store.schema import VERSION_TABLE
+from tests.e2e.harness import wait_for
 from tests.services import REDIS_URL, redis_problem, require
 
 
-def make_app(store_url: str) -> Celery:
+def make_app(store_url: str, **conf: Any) -> Celery:
     app = Celery(f"it{uuid.uuid4().hex[:6]}", broker=REDIS_URL)
     celery_durable.install(app)
-    app.conf.update(durable_database_url=store_url, task_default_queue=f"it-{uuid.uuid4().hex[:8]}")
+    app.conf.update(durable_database_url=store_url, task_default_queue=f"it-{uuid.uuid4().hex[:8]}", **conf)
     return app
 
 
@@ -197,7 +199,8 @@ def _place(conn: Any, run_id: str, n: int) -> int:
 
 
 def _transactional_app(store_url: str) -> Any:
-    app = make_app(store_url)
+    # A short lease: the killed attempt's lease must expire before a redelivery may take the run.
+    app = make_app(store_url, durable_lease_ttl=0.5)
 
     @app.durable_task(shared=False, bind=True, name="it.place")
     def place(self, n: int) -> int:
@@ -236,8 +239,12 @@ def test_a_transactional_steps_row_and_checkpoint_survive_a_kill_together(store_
     rows, checkpoints = _counts(store_url, run_id)
     assert rows == checkpoints, f"after a kill at {point}: {rows} rows, {checkpoints} checkpoints"
     assert (rows, checkpoints) == ((1, 1) if point == faults.AFTER_COMMIT else (0, 0))
-    # The redelivery completes it exactly once.
+    # The killed attempt still holds the run until its lease expires; then a redelivery
+    # takes it over (a lost attempt) and completes it exactly once.
+    wait_for(lambda: not run_row(store_url, run_id).lease_live(datetime.now(timezone.utc)), timeout=10,
+             what="the killed attempt's lease to expire")
     assert _transactional_app(store_url).apply((3,), task_id=run_id).result == 3
+    assert run_row(store_url, run_id).lost_attempts == 1
     assert _counts(store_url, run_id) == (1, 1)
 
 
@@ -271,7 +278,8 @@ def test_a_store_that_is_down_fails_the_attempt_with_nothing_recorded(store_url,
     assert isinstance(result.result, StoreUnavailable)
     assert "unavailable" in str(result.result)
     assert calls == []
-    # It is retried (it is not one of the errors that bury a run at once), and survives pickling.
+    # Not one of the errors that bury a run at once (in a worker the delivery waits for the
+    # store: re-sent, no retry spent; an eager run raises it), and it survives pickling.
     assert result.result.__class__ not in job.dont_autoretry_for
     assert isinstance(pickle.loads(pickle.dumps(result.result)), StoreUnavailable)
 

@@ -1,0 +1,119 @@
+"""The heartbeat of the run leases this process holds: one thread renews them all, one statement per store."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from time import monotonic
+
+from .store import outage, runs
+from .store.engine import autocommit, engine_for, unavailable_as_error
+
+logger = logging.getLogger("celery_durable.run")
+
+
+def new_token() -> str:
+    """A lease token: names one attempt (or one hand-off message) of a run, unique across the fleet."""
+    return uuid.uuid4().hex
+
+
+class LeaseKeeper:
+    """Renews every held lease each third of its time to live, from a daemon thread.
+
+    An attempt holds its run's lease from its start to its end; if this process
+    dies (SIGKILL, OOM, a lost host) the renewals stop and, one TTL later,
+    another delivery of the run may take it over. A renewal that finds the
+    lease gone (the store was out longer than the TTL and another attempt
+    took the run) stops renewing it and says so: that attempt's outcome will
+    not be written (``settle`` checks the holder).
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, dict[str, tuple[str, float]]] = {}  # url -> run id -> (token, ttl)
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, url: str, run_id: str, token: str, ttl: float) -> None:
+        with self._cond:
+            self._held.setdefault(url, {})[run_id] = (token, ttl)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="durable-lease-keeper", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def release(self, url: str, run_id: str) -> None:
+        with self._cond:
+            held = self._held.get(url)
+            if held is not None:
+                held.pop(run_id, None)
+                if not held:
+                    del self._held[url]
+
+    def held(self) -> dict[str, dict[str, str]]:
+        with self._cond:
+            return {url: {run_id: token for run_id, (token, _) in leases.items()}
+                    for url, leases in self._held.items()}
+
+    def _interval(self) -> float | None:
+        ttls = [ttl for leases in self._held.values() for _, ttl in leases.values()]
+        return min(ttls) / 3.0 if ttls else None
+
+    def _run(self) -> None:
+        # Beats on a fixed cadence from the first hold, not on each hold: a run
+        # shorter than a third of the TTL (most of them) costs no renewal at all.
+        next_due: float | None = None
+        while True:
+            with self._cond:
+                interval = self._interval()
+                if interval is None:
+                    next_due = None
+                    self._cond.wait()
+                    continue
+                at = monotonic()
+                if next_due is None:
+                    next_due = at + interval
+                if at < next_due:
+                    self._cond.wait(timeout=next_due - at)
+                    continue
+                next_due = at + interval
+                snapshot = {url: dict(leases) for url, leases in self._held.items()}
+            for url, leases in snapshot.items():
+                self._renew(url, leases)
+
+    def _renew(self, url: str, leases: dict[str, tuple[str, float]]) -> None:
+        tokens = {run_id: token for run_id, (token, _) in leases.items()}
+        ttl = max(ttl for _, ttl in leases.values())
+        try:
+            with unavailable_as_error(url), autocommit(engine_for(url)).connect() as conn:
+                renewed = runs.renew(conn, tokens, ttl)
+        except Exception as err:  # noqa: BLE001 - the next beat tries again; the steps will see it too
+            outage.unavailable(url, err)
+            return
+        outage.available(url)
+        for run_id in set(tokens) - renewed:
+            with self._cond:
+                current = self._held.get(url, {}).get(run_id)
+                if current is None or current[0] != tokens[run_id]:
+                    continue  # released meanwhile: the attempt ended
+                self._held[url].pop(run_id, None)
+            logger.warning("durable.lease.lost id=%s: another attempt holds the run now; this attempt's "
+                           "outcome will not be recorded", run_id,
+                           extra={"event": "durable.lease.lost", "run_id": run_id})
+
+
+_keeper = LeaseKeeper()
+
+
+def _reset_after_fork() -> None:
+    # A forked pool child holds none of its parent's leases, and threads do not survive a fork.
+    global _keeper
+    _keeper = LeaseKeeper()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def keeper() -> LeaseKeeper:
+    return _keeper

@@ -1,0 +1,104 @@
+"""Run leases on a real store (PostgreSQL and SQLite): one live attempt per run, takeover, hand-off, fencing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy.engine import Connection
+
+from celery_durable.lease_keeper import LeaseKeeper
+from celery_durable.store import runs
+from celery_durable.store.engine import autocommit, ensure_schema
+from tests.e2e.harness import wait_for
+
+
+@pytest.fixture
+def conn(store_url: str):
+    with autocommit(ensure_schema(store_url)).connect() as c:
+        yield c
+
+
+def begin(conn: Connection, token: str, *, ttl: float = 30.0, resume: str | None = None,
+          run_id: str = "r1") -> tuple[runs.Run, bool]:
+    return runs.begin_attempt(conn, run_id=run_id, task_name="t", queue="q", args="[]", kwargs="{}",
+                              token=token, lease_seconds=ttl, resume=resume)
+
+
+def test_a_second_delivery_of_a_live_run_does_not_start(conn):
+    first, started = begin(conn, "a1")
+    assert started and first.lease_holder == "a1" and first.lease_live(runs.now())
+    found, started = begin(conn, "a2")
+    assert not started
+    assert (found.lease_holder, found.attempts, found.state) == ("a1", 1, "running")
+
+
+def test_an_expired_lease_is_taken_over_and_counted_as_a_lost_attempt(conn):
+    begin(conn, "a1", ttl=0.2)
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(runs.now()), timeout=5, what="the lease to expire")
+    taken, started = begin(conn, "a2")
+    assert started
+    assert (taken.lease_holder, taken.attempts, taken.lost_attempts) == ("a2", 2, 1)
+
+
+def test_the_message_a_run_was_handed_to_resumes_it_at_once_and_loses_nothing(conn):
+    begin(conn, "a1")
+    # A store outage re-sent the run under a1's own token: no need to wait for the expiry.
+    resumed, started = begin(conn, "a2", resume="a1")
+    assert started and (resumed.lease_holder, resumed.lost_attempts) == ("a2", 0)
+    # A stale copy carrying the old token finds a2 live.
+    _, started = begin(conn, "a3", resume="a1")
+    assert not started
+
+
+def test_a_sleeping_run_is_resumed_only_by_its_wake_up(conn):
+    begin(conn, "a1")
+    assert runs.hand_off_to_sleep(conn, "r1", "a1")
+    sleeping = runs.get(conn, "r1")
+    assert (sleeping.state, sleeping.lease_holder, sleeping.lease_live(runs.now())) == ("sleeping", "a1", False)
+    _, started = begin(conn, "copy")  # a redelivered copy, no token
+    assert not started
+    woken, started = begin(conn, "a2", resume="a1")
+    assert started and (woken.state, woken.lost_attempts) == ("running", 0)
+
+
+def test_an_outcome_is_written_only_by_the_attempt_holding_the_run(conn):
+    old, _ = begin(conn, "a1", ttl=0.2)
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(runs.now()), timeout=5, what="the lease to expire")
+    new, _ = begin(conn, "a2")
+    # The old attempt (its store was out longer than the TTL) finishes late: refused.
+    assert runs.settle(conn, old, "succeeded", result="1") is None
+    settled = runs.settle(conn, new, "succeeded", result="2")
+    assert settled is not None and (settled.result, settled.lease_holder) == ("2", None)
+    assert runs.get(conn, "r1").lease_holder is None
+
+
+def test_renew_pushes_out_only_the_leases_still_held(conn):
+    begin(conn, "a1", run_id="r1", ttl=1.0)
+    begin(conn, "b1", run_id="r2", ttl=1.0)
+    renewed = runs.renew(conn, {"r1": "a1", "r2": "not-mine", "r3": "gone"}, 30.0)
+    assert renewed == {"r1"}
+    assert (runs.get(conn, "r1").lease_expires_at > runs.get(conn, "r2").lease_expires_at)
+
+
+def test_reopen_takes_a_dead_run_or_a_stranded_one_but_never_a_live_one(conn):
+    begin(conn, "a1", ttl=0.2)
+    assert not runs.reopen(conn, "r1", runs.now() - runs.timedelta(seconds=5))  # still live then
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(runs.now()), timeout=5, what="the lease to expire")
+    assert runs.reopen(conn, "r1", runs.now())
+    reopened = runs.get(conn, "r1")
+    assert (reopened.state, reopened.lease_holder, reopened.lost_attempts) == ("failed", None, 0)
+
+
+def test_the_keeper_renews_a_held_lease_past_its_ttl_and_stops_on_release(store_url, conn):
+    begin(conn, "k1", ttl=0.6)
+    keeper = LeaseKeeper()
+    keeper.hold(store_url, "r1", "k1", 0.6)
+    deadline = time.monotonic() + 2.0
+    # Three TTLs later the lease is still live: the keeper beat every 0.2 s.
+    while time.monotonic() < deadline:
+        assert runs.get(conn, "r1").lease_live(runs.now())
+        time.sleep(0.05)
+    keeper.release(store_url, "r1")
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(runs.now()), timeout=5,
+             what="the lease to expire once released")
