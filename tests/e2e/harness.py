@@ -18,6 +18,7 @@ from typing import Any
 import redis
 from celery import Celery
 
+from tests.faultproxy import FaultProxy
 from tests.services import OBSERVE_URL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,6 +44,8 @@ class Scenario:
     broker_url: str
     queue_names: Sequence[str]
     key: str = field(default_factory=lambda: f"e2e:{uuid.uuid4().hex}")
+    #: The test's own proxy in front of the broker, when ``broker_url`` goes through one.
+    proxy: FaultProxy | None = None
 
     def __post_init__(self) -> None:
         suffix = uuid.uuid4().hex[:8]

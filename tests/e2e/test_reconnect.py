@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from tests.e2e.harness import wait_for
@@ -13,13 +11,14 @@ from tests.e2e.harness import wait_for
 # reconnects under kombu, so a dropped Redis socket loses no held run.
 @pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
 def test_runs_waiting_at_a_lost_rabbitmq_connection_are_redelivered_and_their_counts_returned(scenario, broker):
-    s = scenario(["q"])
+    # Through the test's own proxy: only this test's connections are cut, not every client's of
+    # the shared broker.
+    s = scenario(["q"], proxied=True)
     ids = [s.send("q", f"eta{i}", 0.0, countdown=3) for i in range(2)]
     worker = s.worker(conf={"durable_max_in_flight": 2}, concurrency=2).wait_ready()
     worker.wait_durable(lambda st: st["scheduled"] == 2, timeout=20, what="both ETA runs held")
     connected = worker.log().count("Connected to amqp")
-    subprocess.run(["rabbitmqctl", "close_all_connections", "e2e: drop"], check=True,
-                   capture_output=True, timeout=60)
+    s.proxy.drop_connections()
     s.reconnect_producer()
     wait_for(lambda: worker.log().count("Connected to amqp") > connected, timeout=60,
              what="the worker to reconnect")
