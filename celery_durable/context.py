@@ -16,7 +16,8 @@ from sqlalchemy.engine import Connection, Engine
 from . import faults
 from .checkpoints import Ledger, check_step_name, to_json
 from .errors import NotDurable, StepNameInvalid, StoreUnavailable
-from .store import outage, runs, steps
+from . import store_outage as outage
+from .store import runs, steps
 from .store.engine import unavailable_as_error
 from .store.runs import Run
 

@@ -28,7 +28,8 @@ from .errors import NotDurable, RunExhausted, StoreUnavailable
 from .lease_keeper import keeper, new_token
 from .planning import run_admission
 from .planning.run_admission import BURY, DUPLICATE, RUN, RowView
-from .store import outage, runs, steps
+from . import store_outage as outage
+from .store import runs, steps
 from .store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
 from .store.runs import Run
 from .store.schema import DEAD, FAILED, SETTLED, SLEEPING, SUCCEEDED

@@ -8,7 +8,8 @@ import threading
 import uuid
 from time import monotonic
 
-from .store import outage, runs
+from . import store_outage as outage
+from .store import runs
 from .store.engine import autocommit, engine_for, unavailable_as_error
 
 logger = logging.getLogger("celery_durable.run")

@@ -116,3 +116,34 @@ def self_killer(self: Any, label: str) -> str:
         os._exit(9)
     observe("end", label, id=self.request.id)
     return label
+
+
+def _counted(label: str, step: str, seconds: float) -> str:
+    import time
+
+    # Counted outside the store (in the observer), so it is seen even while the store is down.
+    observe("effect", label, step=step)
+    time.sleep(seconds)
+    return step
+
+
+def _ledger_row(conn: Any, run_id: str) -> str:
+    conn.execute(sa.text("INSERT INTO e2e_effects (run_id, step) VALUES (:r, 'ledger')"), {"r": run_id})
+    return "ledger"
+
+
+@app.durable_task(bind=True, name="durable.outage_steps", max_retries=1, default_retry_delay=0,
+                  on_settled=_settled)
+def outage_steps(self: Any, label: str, seconds: float) -> str:
+    observe("exec", label, id=self.request.id, retries=self.request.retries)
+    self.step("first", _counted, label, "first", seconds)
+    self.step("ledger", _ledger_row, self.request.id, transactional=True)
+    self.step("second", _counted, label, "second", seconds)
+    observe("end", label, id=self.request.id, retries=self.request.retries)
+    return label
+
+
+@app.task(name="durable.plain")
+def plain(label: str) -> str:
+    observe("plain", label)
+    return label
