@@ -99,7 +99,7 @@ class Claimer:
         return self.running and not self._stop_requested()
 
     def start(self) -> None:
-        self._claim_channel = guard_channel(self._connection.channel())
+        self._claim_channel = self._connection.channel()
         self._fetcher = fetcher_for(self._claim_channel, self._accept)
         self._parker = parker_for(self._connection, self._claim_channel)
         self.running = True

@@ -10,6 +10,7 @@ from kombu.serialization import prepare_accept_content
 from kombu.transport import virtual
 
 from .parking import envelope, log_parked, park_redis_items, parked_name
+from .transport_guards import guard_channel
 
 
 class Fetcher(Protocol):
@@ -169,6 +170,8 @@ class AmqpFetcher:
 
 
 def fetcher_for(channel: Any, accept: Any) -> Fetcher:
+    """The fetcher for ``channel``'s transport; the channel's own reads get their poison guard."""
+    guard_channel(channel)
     driver = channel.connection.client.transport.driver_type
     if driver == "redis":
         return RedisFetcher(channel, accept)

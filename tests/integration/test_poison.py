@@ -13,13 +13,11 @@ from typing import Any
 import pytest
 import redis
 from kombu import Connection, Exchange, Queue
-from kombu import Consumer as KombuConsumer
 
 from celery_durable.worker.claimer import Claimer
-from celery_durable.worker.fetchers import GetFetcher, RedisFetcher
+from celery_durable.worker.fetchers import RedisFetcher, fetcher_for
 from celery_durable.worker.parking import parked_name
 from celery_durable.worker.process_cap import HeldRuns
-from celery_durable.worker.transport_guards import guard_channel
 from tests.e2e.harness import wait_for
 from tests.services import AMQP_URL, REDIS_URL, amqp_problem, redis_problem, require
 
@@ -104,32 +102,7 @@ def test_redis_items_with_json_but_no_kombu_envelope_are_parked_by_the_script(re
     messages[0].ack()
 
 
-def test_redis_idle_wait_parks_a_poison_item_and_delivers_the_next(redis_queue):
-    conn, channel, queue = redis_queue
-    client = redis.Redis.from_url(REDIS_URL)
-    consumer_channel = guard_channel(conn.channel())
-    got: list[Any] = []
-    consumer = KombuConsumer(consumer_channel, queues=[queue], accept=["json"], on_message=got.append)
-    consumer.consume()
-    client.lpush(queue.name, NOT_JSON)
-    client.lpush(queue.name, NOT_BASE64)
-    publish(conn, queue, "after")
-
-    def drained() -> bool:
-        try:
-            conn.drain_events(timeout=0.2)
-        except TimeoutError:
-            pass
-        return bool(got)
-
-    wait_for(drained, timeout=10, what="the good message after the poison")
-    assert [m.decode() for m in got] == ["after"]
-    assert client.lrange(parked_name(queue.name), 0, -1) == [NOT_BASE64, NOT_JSON]
-    got[0].ack()
-    consumer.cancel()
-
-
-# -- the claimer: bodies Celery cannot decode, on Redis and RabbitMQ ------------------------
+# -- the claimer: its idle wait, and bodies Celery cannot decode, on Redis and RabbitMQ --------
 
 class Recorder:
     def __init__(self) -> None:
@@ -146,6 +119,34 @@ def _claimer(conn: Any, queue: Queue, handler: Recorder) -> Claimer:
                       accept=["json"], schedule=scheduled.append)
     claimer.handler = handler
     return claimer
+
+
+def test_redis_idle_wait_parks_a_poison_item_and_delivers_the_next(redis_queue):
+    conn, channel, queue = redis_queue
+    client = redis.Redis.from_url(REDIS_URL)
+    handler = Recorder()
+    claimer = _claimer(conn, queue, handler)
+    try:
+        # Nothing queued: the pass finds no work and arms the idle wait (a BRPOP consume).
+        claimer.start()
+        assert handler.messages == []
+        client.lpush(queue.name, NOT_JSON)
+        client.lpush(queue.name, NOT_BASE64)
+        publish(conn, queue, "after")
+
+        def drained() -> bool:
+            try:
+                conn.drain_events(timeout=0.2)
+            except TimeoutError:
+                pass
+            return bool(handler.messages)
+
+        wait_for(drained, timeout=10, what="the good message after the poison")
+        assert [m.decode() for m in handler.messages] == ["after"]
+        assert client.lrange(parked_name(queue.name), 0, -1) == [NOT_BASE64, NOT_JSON]
+        assert client.llen(queue.name) == 0
+    finally:
+        claimer.close()
 
 
 def _bad_bodies(conn: Any, queue: Queue) -> None:
@@ -242,8 +243,8 @@ def test_sqlalchemy_broker_parks_a_row_that_is_not_json_and_reads_on(tmp_path: P
         channel.session.commit()
         publish(conn, queue, "good2")
 
-        claim_channel = guard_channel(conn.channel())
-        messages = list(GetFetcher(claim_channel, ["json"]).fetch(queue, 4, lambda: True))
+        fetcher = fetcher_for(conn.channel(), ["json"])
+        messages = list(fetcher.fetch(queue, 4, lambda: True))
         assert [m.decode() for m in messages] == ["good1", "good2"]
         for message in messages:
             message.ack()
