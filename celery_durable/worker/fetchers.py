@@ -94,8 +94,7 @@ class RedisFetcher:
         wanted = count
         while wanted > 0:
             items, messages = self._claim(queue, wanted)
-            for message in messages:
-                yield message
+            yield from messages
             # An item the script took but Python could not read (a body that
             # is not base64) was parked and cost the ask a message: ask again
             # for what it cost, unless the queue ran dry. Only poison costs a

@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import redis
-from kombu import Connection, Queue
+from kombu import Connection
 
 from celery_durable.worker.parking import parked_name
 from tests.e2e.harness import Scenario, wait_for

@@ -122,7 +122,7 @@ def _claimer(conn: Any, queue: Queue, handler: Recorder) -> Claimer:
 
 
 def test_redis_idle_wait_parks_a_poison_item_and_delivers_the_next(redis_queue):
-    conn, channel, queue = redis_queue
+    conn, _, queue = redis_queue
     client = redis.Redis.from_url(REDIS_URL)
     handler = Recorder()
     claimer = _claimer(conn, queue, handler)
