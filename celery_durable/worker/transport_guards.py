@@ -10,8 +10,9 @@ the worker exiting 1):
   polling): it hides the row, commits, then ``loads`` it.
 
 Each guard replaces the method on one channel instance with a copy of kombu
-5.7's that screens the item first (``parking.envelope``). The copies are
-checked against kombu's by tests/integration/test_poison.py.
+5.7's that screens the item first (``parking.envelope``); both are private
+kombu names, exercised on real brokers by tests/integration/test_poison.py
+and tests/e2e/test_poison.py, so a kombu upgrade that changes them fails there.
 """
 
 from __future__ import annotations
