@@ -11,7 +11,9 @@ from kombu import Consumer as KombuConsumer
 
 from ..planning.claim_sweep import begin_sweep, next_ask, record, waitable_queues
 from .fetchers import Fetcher, fetcher_for
+from .parking import Parker, parker_for, undecodable
 from .process_cap import HeldRun, HeldRuns
+from .transport_guards import guard_channel
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ class IdleChannels:
             messages[:] = [m for m in messages if not m.acknowledged]
             if not messages:
                 return channel, messages
-        channel = self._connection.channel()
+        channel = guard_channel(self._connection.channel())
         # Global: one message across all of the wait's per-queue consumers.
         channel.basic_qos(0, 1, True)
         entry: tuple[Any, list[Any]] = (channel, [])
@@ -82,6 +84,7 @@ class Claimer:
         self._kick_lock = threading.Lock()
         self._claim_channel: Any = None
         self._fetcher: Fetcher | None = None
+        self._parker: Parker | None = None
         self._idle_channels = IdleChannels(connection)
         self._idle_consumers: list[Any] = []
         self._idle_channel_messages: list[Any] | None = None
@@ -98,6 +101,7 @@ class Claimer:
     def start(self) -> None:
         self._claim_channel = self._connection.channel()
         self._fetcher = fetcher_for(self._claim_channel, self._accept)
+        self._parker = parker_for(self._connection, self._claim_channel)
         self.running = True
         # The first pass (and the idle wait it arms) runs now, before the worker
         # says ready, as stock Celery's consume does: a kick would queue it
@@ -163,15 +167,34 @@ class Claimer:
         # A message already taken from the broker is admitted even if a stop
         # came meanwhile: it is counted, and the drain hands it back.
         for message in self._fetcher.fetch(queue, count, lambda: self.claiming):
-            got += 1
-            self._admit(queue.name, message)
+            if self._admit(queue.name, message):
+                got += 1
         return got
 
-    def _admit(self, queue_name: str, message: Any) -> None:
+    def _admit(self, queue_name: str, message: Any) -> bool:
+        """Hand ``message`` to Celery; False if it was parked instead (it holds no slot)."""
+        reason = undecodable(message)
+        if reason is not None:
+            # Stock Celery acks (on_decode_error) or rejects (on_invalid_task)
+            # such a message, and it is gone: parked, an operator can see it.
+            self._park(queue_name, message, reason)
+            return False
         run = self.held.take(queue_name, message)
         self._admitting = run
         try:
             self._handle(message)
+        except Exception as exc:
+            if run.request is not None or message.acknowledged:
+                # Past the content: the strategy made a request (or settled
+                # the message) and the failure is the worker's, not the message's.
+                raise
+            # A body that decodes but that the strategy cannot read (args
+            # that are not [args, kwargs, embed], a bad header): the content,
+            # not the worker, is at fault.
+            logger.warning("durable.message.unreadable queue=%s", queue_name, exc_info=True,
+                           extra={"queue": queue_name})
+            self._park(queue_name, message, f"the task handler raised {exc!r}")
+            return False
         finally:
             self._admitting = None
             if run.request is None:
@@ -181,6 +204,12 @@ class Claimer:
             elif getattr(run.request, "_eta_timer_entry", None) is not None:
                 # Waiting for its ETA: it frees its slot until it is due.
                 self.held.schedule(message)
+        return True
+
+    def _park(self, queue_name: str, message: Any, reason: str) -> None:
+        if self._parker is None:
+            raise RuntimeError("the claimer parks messages only once started")
+        self._parker.park(queue_name, message, reason)
 
     def _handle(self, message: Any) -> None:
         if self.handler is None:

@@ -1,0 +1,106 @@
+"""Guards on kombu's own reads that raise on a poison item: they park it and read on instead.
+
+Two kombu reads decode an item they have already taken off the broker, and
+raise out of the worker's loop if it is not a kombu message (the item lost,
+the worker exiting 1):
+
+- Redis ``Channel._brpop_read`` (the idle wait's push delivery): BRPOP pops
+  the item, then ``loads`` and ``Message`` run before it is recorded unacked;
+- the SQLAlchemy transport's ``Channel._get`` (every get and the idle wait's
+  polling): it hides the row, commits, then ``loads`` it.
+
+Each guard replaces the method on one channel instance with a copy of kombu
+5.7's that screens the item first (``parking.envelope``); both are private
+kombu names, exercised on real brokers by tests/integration/test_poison.py
+and tests/e2e/test_poison.py, so a kombu upgrade that changes them fails there.
+"""
+
+from __future__ import annotations
+
+from queue import Empty
+from typing import Any
+
+from kombu.utils.encoding import bytes_to_str
+
+from .parking import envelope, log_parked, park_redis_items, parked_name
+
+
+def guard_channel(channel: Any) -> Any:
+    """Install the poison guard for ``channel``'s transport, if it needs one; returns the channel."""
+    driver = channel.connection.client.transport.driver_type
+    if driver == "redis":
+        _guard_redis_brpop(channel)
+    elif driver == "sql":
+        _guard_sql_get(channel)
+    return channel
+
+
+def _guard_redis_brpop(channel: Any) -> None:
+    def brpop_read(**options: Any) -> bool:
+        try:
+            try:
+                reply = channel.client.parse_response(channel.client.connection, "BRPOP", **options)
+            except channel.connection_errors:
+                # As kombu: the next iteration reconnects.
+                channel.client.connection.disconnect()
+                raise
+            if not reply:
+                raise Empty()
+            dest, item = reply
+            dest = bytes_to_str(dest).rsplit(channel.sep, 1)[0]
+            channel._queue_cycle.rotate(dest)
+            message, reason = envelope(channel, item)
+            if message is None:
+                # Popped but never recorded unacked: the parked list is its only copy.
+                with channel.conn_or_acquire() as client:
+                    park_redis_items(client, channel.qos, dest, [(item, None, reason or "")])
+                raise Empty()
+            channel.connection._deliver(message._raw, dest)
+            return True
+        finally:
+            channel._in_poll = None
+            flush = getattr(channel, "_flush_brpop_reauth", None)
+            if flush is not None:
+                flush()
+
+    channel._brpop_read = brpop_read
+    channel.handlers["BRPOP"] = brpop_read
+
+
+def _guard_sql_get(channel: Any) -> None:
+    from sqlalchemy import text
+
+    parked_ids: dict[str, Any] = {}
+
+    def get(queue: str) -> Any:
+        obj = channel._get_or_create(queue)
+        parked = parked_ids.get(queue)
+        if parked is None:
+            # Made before the read's transaction: _get_or_create commits.
+            parked = parked_ids[queue] = channel._get_or_create(parked_name(queue)).id
+        session = channel.session
+        model = channel.message_cls
+        while True:
+            if session.bind.name == "sqlite":
+                session.execute(text("BEGIN IMMEDIATE TRANSACTION"))
+            try:
+                row = (session.query(model).with_for_update()
+                       .filter(model.queue_id == obj.id)
+                       .filter(model.visible != False)  # as kombu writes it (NULL is not visible)
+                       .order_by(model.sent_at).order_by(model.id)
+                       .limit(1).first())
+                if row is None:
+                    raise Empty()
+                raw = row.payload
+                message, reason = envelope(channel, raw)
+                if message is not None:
+                    row.visible = False
+                    return message._raw
+                # Moved, not hidden: the row keeps its bytes and stays
+                # readable in the parked queue.
+                row.queue_id = parked
+            finally:
+                session.commit()
+            log_parked(queue, raw, reason or "")
+
+    channel._get = get
