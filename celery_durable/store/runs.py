@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from .schema import CANCELLED, DEAD, FAILED, RUNNING, SETTLED, runs
+from .schema import CANCELLED, DEAD, FAILED, RUNNING, SETTLED, SUPPORTED_BACKENDS, runs
 
 #: Longest rendered error kept on a run: a traceback-sized message must not bloat the row.
 MAX_ERROR_CHARS = 2000
@@ -66,7 +66,7 @@ _BEGIN_ATTEMPT = _begin_attempt_statement()
 
 
 def _require_supported(conn: Connection) -> None:
-    if conn.dialect.name not in ("postgresql", "sqlite"):
+    if conn.dialect.name not in SUPPORTED_BACKENDS:
         raise NotImplementedError(f"celery_durable supports PostgreSQL and SQLite, not {conn.dialect.name}")
 
 
