@@ -8,10 +8,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import NotJSON, StepNameInvalid
+from .errors import NotJSON, RunIdInvalid, StepNameInvalid
 
-#: Longest step name the steps table holds.
+#: Longest step name the steps table holds (``durable_steps.name`` is VARCHAR(200)).
 MAX_STEP_NAME = 200
+
+#: Longest run id the runs table holds (``durable_runs.id`` is VARCHAR(255)).
+MAX_RUN_ID = 255
+
+#: How much of a refused value an error message shows.
+SHOWN = 40
 
 
 @dataclass(frozen=True, order=True)
@@ -22,12 +28,52 @@ class StepKey:
     occurrence: int
 
 
+def shown(value: Any) -> str:
+    """``value`` for an error message: its repr, cut short.
+
+    A repr escapes a NUL and a lone surrogate, so the message itself can be
+    logged and stored as a run's last error.
+    """
+    if isinstance(value, str):
+        return repr(value[:SHOWN]) + ("..." if len(value) > SHOWN else "")
+    text = repr(value)
+    return text[:SHOWN] + ("..." if len(text) > SHOWN else "")
+
+
+def unstorable(value: str, limit: int) -> str | None:
+    """Why a VARCHAR(``limit``) column of PostgreSQL or SQLite cannot hold ``value``; None if it can."""
+    if "\x00" in value:
+        # PostgreSQL text cannot hold NUL: psycopg2 refuses the statement.
+        return f"contains a NUL character (\\x00) at position {value.index(chr(0))}"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return f"is not encodable as UTF-8: a lone surrogate {value[err.start]!r} at position {err.start}"
+    # PostgreSQL counts VARCHAR(n) in characters (SQLite does not enforce it):
+    # a name of 67 "€" fits the column, so no byte limit refuses it.
+    if len(value) > limit:
+        return f"is {len(value)} characters; at most {limit}"
+    return None
+
+
 def check_step_name(name: Any) -> str:
+    """``name`` if the steps table can hold it; checked before the step's fn runs, so a bad name never runs it."""
     if not isinstance(name, str) or not name.strip():
-        raise StepNameInvalid(f"a step name must be a non-empty string, got {name!r}")
-    if len(name) > MAX_STEP_NAME:
-        raise StepNameInvalid(f"step name {name[:40]!r}... is {len(name)} characters; at most {MAX_STEP_NAME}")
+        raise StepNameInvalid(f"a step name must be a non-empty string, got {shown(name)}")
+    problem = unstorable(name, MAX_STEP_NAME)
+    if problem is not None:
+        raise StepNameInvalid(f"step name {shown(name)} {problem}")
     return name
+
+
+def check_run_id(value: Any) -> str:
+    """``value`` if the runs table can hold it as a run's id (a Celery task id is whatever the sender chose)."""
+    if not isinstance(value, str) or not value:
+        raise RunIdInvalid(f"a run id (the Celery task id) must be a non-empty string, got {shown(value)}")
+    problem = unstorable(value, MAX_RUN_ID)
+    if problem is not None:
+        raise RunIdInvalid(f"run id (the Celery task id) {shown(value)} {problem}")
+    return value
 
 
 @dataclass

@@ -76,10 +76,10 @@ def relay(ctx: click.Context, batch_size: int | None, poll_interval: float | Non
             config = DurableConfig(**{**config.__dict__,
                                       "relay_batch_size": batch_size or config.relay_batch_size,
                                       "relay_poll_interval": poll_interval or config.relay_poll_interval})
+        if config.metrics_port is not None:
+            serve(config.metrics_host, config.metrics_port)
     except ConfigInvalid as err:
         raise click.ClickException(str(err)) from None
-    if config.metrics_port is not None:
-        serve(config.metrics_host, config.metrics_port)
     runner = Relay(app, batch_size=config.relay_batch_size, poll_interval=config.relay_poll_interval,
                    retention=config.outbox_retention)
     for signum in (signal.SIGTERM, signal.SIGINT):

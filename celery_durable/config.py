@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import sqlalchemy as sa
+from sqlalchemy import exc
+
 from .errors import ConfigInvalid
+from .store.schema import SUPPORTED_BACKENDS
 
 #: Slots a queue gets when ``durable_queue_concurrency`` does not name it.
 DEFAULT_QUEUE_SLOTS = 8
@@ -16,6 +23,8 @@ EXECUTION_MODES = ("prefork", "threads")
 
 #: Seconds a run lease lives past its last heartbeat, unless ``durable_lease_ttl`` says otherwise.
 DEFAULT_LEASE_TTL = 30.0
+#: ``durable_metrics_port``: one port, or the first and last of a range the worker takes the first free one of.
+MetricsPort = int | tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -36,8 +45,11 @@ class DurableConfig:
     restore_interval: float = 10.0
     drain_timeout: float = 30.0
     idle_poll_interval: float = 0.05
-    metrics_port: int | None = None
+    metrics_port: MetricsPort | None = None
     metrics_host: str = "127.0.0.1"
+    #: The durable store; None means the default SQLite file (see ``store.engine.DEFAULT_URL``).
+    #: Out of the repr: a config logged whole must not log the database password.
+    database_url: str | None = field(default=None, repr=False)
     #: Run the outbox relay inside this worker.
     relay: bool = True
     relay_batch_size: int = 500
@@ -77,15 +89,10 @@ class DurableConfig:
         positive_seconds("durable_drain_timeout", self.drain_timeout, allow_zero=True)
         positive_seconds("durable_idle_poll_interval", self.idle_poll_interval)
         if self.metrics_port is not None:
-            whole_number("durable_metrics_port", self.metrics_port)
-            if self.metrics_port > 65535:
-                raise ConfigInvalid(
-                    "durable_metrics_port", f"must be a port 1..65535, got {self.metrics_port!r}"
-                )
-        if not isinstance(self.metrics_host, str) or not self.metrics_host:
-            raise ConfigInvalid(
-                "durable_metrics_host", f"must be a host name or address, got {self.metrics_host!r}"
-            )
+            object.__setattr__(self, "metrics_port", metrics_port(self.metrics_port))
+        metrics_host(self.metrics_host)
+        if self.database_url is not None:
+            object.__setattr__(self, "database_url", database_url(self.database_url))
 
         if not isinstance(self.relay, bool):
             # "false" as a string would be truthy: refuse it rather than run a relay nobody wanted.
@@ -94,6 +101,14 @@ class DurableConfig:
         positive_seconds("durable_relay_poll_interval", self.relay_poll_interval)
         positive_seconds("durable_outbox_retention", self.outbox_retention)
         positive_seconds("durable_lease_ttl", self.lease_ttl)
+
+    @property
+    def metrics_ports(self) -> tuple[int, int] | None:
+        """The first and last port the metrics server may bind (the same port twice for one port)."""
+        port = self.metrics_port
+        if port is None:
+            return None
+        return (port, port) if isinstance(port, int) else port
 
     def slots_for(self, queue: str) -> int:
         return self.queue_slots.get(queue, self.default_queue_slots)
@@ -128,6 +143,117 @@ def positive_seconds(setting: str, value: Any, *, allow_zero: bool = False) -> f
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigInvalid(setting, f"must be {bound} seconds, got {value!r}")
     return float(value)
+
+
+_PORT_RANGE = re.compile(r"\s*(\d+)\s*-\s*(\d+)\s*")
+_PORT_EXPECTED = 'must be a port 1..65535 or a range of them ("9100-9109" or (9100, 9109))'
+
+
+def metrics_port(value: Any) -> MetricsPort:
+    """One port, or a range as (first, last): two workers on one host each take a free port of it."""
+    setting = "durable_metrics_port"
+    if isinstance(value, str):
+        # Only the range form: a lone "9100" is refused like any count written as a string.
+        found = _PORT_RANGE.fullmatch(value)
+        if found is None:
+            raise ConfigInvalid(setting, f"{_PORT_EXPECTED}, got {value!r}")
+        bounds: list[Any] = [int(found[1]), int(found[2])]
+    elif isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ConfigInvalid(setting, f"{_PORT_EXPECTED}, got {value!r}")
+        bounds = list(value)
+    else:
+        return _port(value, value)
+    first, last = (_port(bound, value) for bound in bounds)
+    if first > last:
+        raise ConfigInvalid(setting, f"must be a range from the lower port to the higher, got {value!r}")
+    return (first, last)
+
+
+def _port(port: Any, value: Any) -> int:
+    # bool is an int subclass: True would silently mean port 1.
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ConfigInvalid("durable_metrics_port", f"{_PORT_EXPECTED}, got {value!r}")
+    return port
+
+
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?")
+
+
+def metrics_host(value: Any) -> str:
+    """A literal IP address or a host name; whether the name resolves is found when the server binds."""
+    setting = "durable_metrics_host"
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigInvalid(setting, f"must be an IP address or a host name, got {value!r}")
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if value.startswith("["):
+        raise ConfigInvalid(setting, f"must be an IP address without brackets, got {value!r}")
+    if _HOST_NAME.fullmatch(value) is None:
+        raise ConfigInvalid(setting, f"must be an IP address or a host name, got {value!r}")
+    try:
+        packed = socket.inet_aton(value)
+    except OSError:
+        return value
+    # inet_aton reads "0" as 0.0.0.0 and "127.1" as 127.0.0.1: "0" would quietly expose
+    # the metrics on every interface. Make the address, and the exposure, explicit.
+    address = socket.inet_ntoa(packed)
+    raise ConfigInvalid(setting, f"must be written out in full, got {value!r} (shorthand for {address}): "
+                                 f"write {address!r} if that is meant")
+
+
+def database_url(value: Any) -> str:
+    """A PostgreSQL or SQLite SQLAlchemy URL whose driver is installed; never echoed with its password."""
+    setting = "durable_database_url"
+    if isinstance(value, sa.engine.URL):
+        value = value.render_as_string(hide_password=False)
+    if not isinstance(value, str) or not value.strip():
+        # An empty string usually is an unset environment variable: using the default
+        # SQLite file instead would give each worker a store of its own.
+        shown = mask_password(value) if isinstance(value, str) else repr(value)
+        raise ConfigInvalid(setting, f"must be a PostgreSQL or SQLite URL (leave it unset for the default "
+                                     f"SQLite file), got {shown}")
+    try:
+        parsed = sa.engine.make_url(value)
+    except (exc.ArgumentError, ValueError):
+        raise ConfigInvalid(setting, f"is not a database URL (e.g. postgresql+psycopg2://user@host/db or "
+                                     f"sqlite:///durable.sqlite), got {mask_password(value)}") from None
+    shown = repr(parsed.render_as_string(hide_password=True))
+    backend = parsed.get_backend_name()
+    if backend == "postgres":
+        raise ConfigInvalid(setting, f"must name the dialect postgresql (SQLAlchemy has no 'postgres'), "
+                                     f"got {shown}")
+    if backend not in SUPPORTED_BACKENDS:
+        raise ConfigInvalid(setting, f"must be a PostgreSQL or SQLite URL (the store's SQL is written for "
+                                     f"those), got a {backend} URL: {shown}")
+    try:
+        dialect = parsed.get_dialect()
+    except exc.NoSuchModuleError:
+        raise ConfigInvalid(setting, f"names a driver SQLAlchemy does not have ({parsed.drivername}), "
+                                     f"got {shown}") from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as err:
+        # Found now, not by every run failing later: the worker would boot and drop them all.
+        raise ConfigInvalid(setting, f"needs the {parsed.get_driver_name()} driver, which is not installed "
+                                     f"({err}), got {shown}") from None
+    return value
+
+
+def mask_password(raw: str) -> str:
+    """``raw``'s repr with what could be a password (between the user's ':' and the last '@') hidden.
+
+    For a string SQLAlchemy could not parse, so it cannot hide the password itself.
+    """
+    scheme, sep, rest = raw.partition("://") if "://" in raw else ("", "", raw)
+    if "@" in rest:
+        userinfo, _, after = rest.rpartition("@")
+        if ":" in userinfo:
+            rest = f"{userinfo.split(':', 1)[0]}:***@{after}"
+    return repr(f"{scheme}{sep}{rest}")
 
 
 def from_celery_conf(conf: Mapping[str, Any]) -> DurableConfig:
@@ -184,6 +310,7 @@ def from_celery_conf(conf: Mapping[str, Any]) -> DurableConfig:
         "durable_relay_poll_interval": "relay_poll_interval",
         "durable_outbox_retention": "outbox_retention",
         "durable_lease_ttl": "lease_ttl",
+        "durable_database_url": "database_url",
     }
     for setting, name in optional.items():
         value = conf.get(setting)

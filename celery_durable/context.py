@@ -15,8 +15,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import faults
 from .checkpoints import Ledger, check_step_name, to_json
-from .errors import NotDurable, StepNameInvalid, StoreUnavailable
 from . import store_outage as outage
+from .errors import NotDurable, StoreUnavailable
 from .store import runs, steps
 from .store.engine import unavailable_as_error
 from .store.runs import Run
@@ -124,9 +124,8 @@ def step(name: str, fn: Callable[..., Any], *args: Any, transactional: bool = Fa
     ``transactional=True`` calls ``fn(conn, *args, **kwargs)`` with a SQLAlchemy
     Connection in the transaction that stores the checkpoint.
     """
-    if not isinstance(name, str) or not name.strip():
-        # Checked before the context so the error is about the name, wherever it is called.
-        raise StepNameInvalid(f"a step name must be a non-empty string, got {name!r}")
+    # Checked before the context so the error is about the name, wherever it is called.
+    check_step_name(name)
     return current().step(name, fn, args, kwargs, transactional)
 
 

@@ -9,11 +9,13 @@ from typing import Any
 from celery import Task
 
 from .context import current
-from .errors import NotDurable, NotJSON, RunExhausted, SchemaOutdated, StepNameInvalid
+from .errors import NotDurable, NotJSON, RunExhausted, RunIdInvalid, SchemaOutdated, StepNameInvalid
 from .execution import execute
 
 #: Errors no retry can fix: they bury the run at once instead of burning its retries.
-FINAL_ERRORS: tuple[type[BaseException], ...] = (NotJSON, StepNameInvalid, NotDurable, SchemaOutdated, RunExhausted)
+FINAL_ERRORS: tuple[type[BaseException], ...] = (
+    NotJSON, StepNameInvalid, NotDurable, SchemaOutdated, RunExhausted, RunIdInvalid,
+)
 
 
 class DurableTask(Task):  # type: ignore[misc]

@@ -56,7 +56,7 @@ class NotDurable(DurableError):
 
 
 class StepNameInvalid(DurableError):
-    """A step name that is not a non-empty string."""
+    """A step name the steps table cannot hold: not a non-empty string, a NUL, a lone surrogate, too long."""
 
     code = "durable.step.name_invalid"
 
@@ -69,6 +69,12 @@ class RunExhausted(DurableError):
     """
 
     code = "durable.run.exhausted"
+
+
+class RunIdInvalid(DurableError):
+    """A Celery task id the runs table cannot hold as a run's id (empty, too long, a NUL, a lone surrogate)."""
+
+    code = "durable.run.id_invalid"
 
 
 class NotJSON(DurableError):

@@ -21,10 +21,10 @@ from typing import Any
 from celery.exceptions import Ignore, Reject, Retry
 
 from . import metrics
-from .checkpoints import Ledger, encode, from_json
+from .checkpoints import Ledger, check_run_id, encode, from_json
 from .config import lease_ttl
 from .context import RunContext, _current
-from .errors import NotDurable, RunExhausted, StoreUnavailable
+from .errors import NotDurable, RunExhausted, RunIdInvalid, StoreUnavailable
 from .lease_keeper import keeper, new_token
 from .planning import run_admission
 from .planning.run_admission import BURY, DUPLICATE, RUN, RowView
@@ -73,6 +73,10 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
         raise NotDurable(f"{task.name} is a durable task: run it with .delay(), .apply_async() or .apply(), "
                          f"not by calling it (a run needs a task id)")
     url = store_url(task.app)
+    try:
+        check_run_id(request.id)
+    except RunIdInvalid as err:
+        return _refuse_id(task, err)
     # Checked before anything is written: a run is stored only if it can be requeued as it came.
     args_json = encode(f"the arguments of {task.name}", list(args))
     kwargs_json = encode(f"the keyword arguments of {task.name}", dict(kwargs))
@@ -256,6 +260,25 @@ def _bury(task: Any, conn: Any, url: str, run: Run, reason: str) -> Any:
         call_hook(task, settled)
     raise RunExhausted(f"durable run {run.id} of {task.name} {reason}; buried as dead "
                        f"(celery_durable.runs.requeue brings it back)")
+
+
+def _refuse_id(task: Any, err: RunIdInvalid) -> Any:
+    """A task id the runs table cannot hold: a dead letter that names it, never a retry or a silent loss.
+
+    No row can carry the id, so the dead letter is the log line, the
+    ``dead_lettered`` count, the ``on_settled`` hook (handed a run that was
+    never stored) and the task's FAILURE in the result backend.
+    """
+    request = task.request
+    queue = (request.delivery_info or {}).get("routing_key")
+    logger.error("durable.run.id_invalid task=%s queue=%s: %s", task.name, queue, err,
+                 extra={"event": "durable.run.id_invalid", "task": task.name, "queue": queue})
+    metrics.count(queue, "dead_lettered")
+    at = runs.now()
+    call_hook(task, Run(id=str(request.id), task_name=task.name, queue=queue, state=DEAD, attempts=0,
+                        args="[]", kwargs="{}", result=None, last_error=f"RunIdInvalid: {err}",
+                        started_at=at, updated_at=at, finished_at=at))
+    raise err
 
 
 def _duplicate(task: Any, run: Run) -> Any:

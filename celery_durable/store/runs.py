@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from .schema import CANCELLED, DEAD, FAILED, RUNNING, SETTLED, SLEEPING, runs
+from .schema import CANCELLED, DEAD, FAILED, RUNNING, SETTLED, SLEEPING, SUPPORTED_BACKENDS, runs
 
 #: Longest rendered error kept on a run: a traceback-sized message must not bloat the row.
 MAX_ERROR_CHARS = 2000
@@ -102,11 +102,8 @@ def _begin_attempt_statement() -> sa.TextClause:
 
 _BEGIN_ATTEMPT = _begin_attempt_statement()
 
-SUPPORTED_DIALECTS = ("postgresql", "sqlite")
-
-
 def _require_supported(conn: Connection) -> None:
-    if conn.dialect.name not in SUPPORTED_DIALECTS:
+    if conn.dialect.name not in SUPPORTED_BACKENDS:
         raise NotImplementedError(f"celery_durable supports PostgreSQL and SQLite, not {conn.dialect.name}")
 
 

@@ -7,6 +7,9 @@ import sqlalchemy as sa
 #: The Alembic revision the code reads and writes; a database behind it must be migrated.
 HEAD_REVISION = "0003_run_leases"
 
+#: The databases the store's SQL is written for (SQLAlchemy backend names; any driver of them).
+SUPPORTED_BACKENDS = ("postgresql", "sqlite")
+
 #: Alembic's bookkeeping table, named apart from an application's own ``alembic_version``.
 VERSION_TABLE = "durable_alembic_version"
 

@@ -72,6 +72,12 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
         return
     try:
         config = _validated_config(worker)
+        if config.metrics_port is not None:
+            from .metrics_gauges import bind
+
+            # Bound here, not when the consumer starts: a port in use or a host that does
+            # not resolve refuses the boot in one line like any other bad setting.
+            bind(config.metrics_host, config.metrics_port)
     except ConfigInvalid as err:
         # One clear line, no traceback wall: the worker refuses to boot.
         logger.error("durable.config.invalid: %s", err)

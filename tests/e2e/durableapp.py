@@ -147,3 +147,14 @@ def outage_steps(self: Any, label: str, seconds: float) -> str:
 def plain(label: str) -> str:
     observe("plain", label)
     return label
+#: Step names the steps table cannot hold, by the kind a test asks for (built here: a
+#: lone surrogate could not even be sent as a task argument).
+BAD_STEP_NAMES = {"nul": "bad\x00name", "surrogate": "bad\ud800name", "too-long": "x" * 201}
+
+
+@app.durable_task(bind=True, name="durable.bad_step_name", max_retries=3, default_retry_delay=0,
+                  on_settled=_settled)
+def bad_step_name(self: Any, kind: str) -> str:
+    observe("start", kind, id=self.request.id)
+    # effect() writes a row each time it runs: the test asserts there is none.
+    return str(self.step(BAD_STEP_NAMES[kind], effect, self.request.id, kind))

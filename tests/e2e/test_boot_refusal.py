@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.e2e.harness import Scenario, WorkerProcess, wait_for
+from tests.e2e.metrics_ports import free_port, free_ports, metrics_text
 from tests.services import broker_url
 
 NAN = float("nan")
@@ -55,20 +57,39 @@ REFUSED: list[Any] = [
     pytest.param(const({"durable_execution": "gevent"}), "durable_execution", "'gevent'", id="execution"),
     pytest.param(const({"durable_max_inflight": 4}), "durable_max_inflight", "not a celery_durable setting",
                  id="unknown-setting"),
+    # Before: mysql booted and then dropped every durable run; "not a url" died on an
+    # ArgumentError naming no setting.
+    pytest.param(const({"durable_database_url": "mysql://app:s3cr3t@db/app"}), "durable_database_url",
+                 "got a mysql URL: 'mysql://app:***@db/app'", id="database-url-mysql"),
+    pytest.param(const({"durable_database_url": "not a url"}), "durable_database_url",
+                 "is not a database URL", id="database-url-not-a-url"),
+    pytest.param(const({"durable_metrics_port": 9100, "durable_metrics_host": " "}), "durable_metrics_host",
+                 "got ' '", id="metrics-host-blank"),
+    pytest.param(const({"durable_metrics_port": 9100, "durable_metrics_host": "0"}), "durable_metrics_host",
+                 "write '0.0.0.0'", id="metrics-host-zero-shorthand"),
+    pytest.param(const({"durable_metrics_port": 9100, "durable_metrics_host": "no-such-host.invalid"}),
+                 "durable_metrics_host", "a name that resolves, got 'no-such-host.invalid'",
+                 id="metrics-host-unresolvable"),
 ]
 
 
-def assert_refused(s: Scenario, worker: WorkerProcess, setting: str, problem: str) -> None:
+def assert_refused(s: Scenario, worker: WorkerProcess, setting: str, problem: str,
+                   *, waiting: int | None = 1) -> None:
     code = wait_exit(worker)
     log = worker.log()
     assert code > 0, f"exit code {code} (negative: killed by a signal, not a refusal)\n{log[-3000:]}"
     assert setting in log, log[-3000:]
     assert problem in log, log[-3000:]
     assert "durable.config.invalid" in log, log[-3000:]
+    # One line names the setting (then Celery's own exit message repeats it).
+    refusals = [line for line in log.splitlines() if "durable.config.invalid" in line]
+    assert len(refusals) == 1 and setting in refusals[0], log[-3000:]
     assert "Traceback" not in log, log[-3000:]
+    assert "s3cr3t" not in log, log[-3000:]
     assert " ready." not in log, log[-3000:]
-    # It refused before claiming: what was waiting is still in the broker.
-    assert s.broker_depth("a") == 1
+    if waiting is not None:
+        # It refused before claiming: what was waiting is still in the broker.
+        assert s.broker_depth("a") == waiting
 
 
 @pytest.mark.parametrize("conf, setting, problem", REFUSED)
@@ -130,3 +151,54 @@ def test_dash_p_durable_works_for_an_app_that_never_imports_celery_durable(scena
     worker = s.worker(conf={"durable_max_in_flight": 1}, app="tests.e2e.plainapp")
     assert_durable_and_working(s, worker)
     assert "durable.worker.capacity capacity=1 max_in_flight=1" in worker.log()
+
+
+# -- the metrics endpoint: two workers on one host ------------------------------------------------------------
+
+
+def serving_port(worker: WorkerProcess) -> int:
+    """The port the worker logged serving its metrics on."""
+    found = wait_for(lambda: re.search(r"durable\.metrics\.serving host=\S+ port=(\d+)", worker.log()),
+                     timeout=30, what="the durable.metrics.serving line")
+    return int(found.group(1))
+
+
+def test_a_second_worker_on_the_same_metrics_port_refuses_to_boot_naming_it(scenario):
+    s = scenario(["a"])
+    port = free_port()
+    first = s.worker(conf={"durable_metrics_port": port}).wait_ready()
+    assert serving_port(first) == port
+    second = s.worker(conf={"durable_metrics_port": port})
+    # Before: the second worker died on a raw OSError traceback.
+    assert_refused(s, second, "durable_metrics_port", f"cannot be served on 127.0.0.1:{port}", waiting=None)
+    # The first is untouched, still serving.
+    assert "job_worker_capacity" in metrics_text(port)
+    assert first.terminate() == 0
+
+
+def test_two_workers_given_one_port_range_each_serve_metrics_on_a_port_of_it(scenario):
+    s = scenario(["a"])
+    ports = free_ports(3)
+    span = f"{ports[0]}-{ports[-1]}"
+    first = s.worker(conf={"durable_metrics_port": span, "durable_max_in_flight": 1}).wait_ready()
+    second = s.worker(conf={"durable_metrics_port": span, "durable_max_in_flight": 2}).wait_ready()
+    served = {serving_port(first), serving_port(second)}
+    assert served == {ports[0], ports[1]}
+    # Each endpoint is its own worker's: capacities 1 and 2.
+    capacities = sorted(re.search(r"^job_worker_capacity (\S+)$", metrics_text(p), re.MULTILINE).group(1)
+                        for p in served)
+    assert capacities == ["1.0", "2.0"]
+    for worker in (first, second):
+        assert "Traceback" not in worker.log()
+        assert worker.terminate() == 0
+
+
+def test_a_wildcard_metrics_host_is_served_with_one_warning(scenario):
+    s = scenario(["a"])
+    port = free_port()
+    worker = s.worker(conf={"durable_metrics_port": port, "durable_metrics_host": "0.0.0.0"}).wait_ready()
+    assert serving_port(worker) == port
+    assert "job_worker_capacity" in metrics_text(port)
+    warnings = [line for line in worker.log().splitlines() if "durable.metrics.all_interfaces" in line]
+    assert len(warnings) == 1 and "WARNING" in warnings[0] and "every interface" in warnings[0], warnings
+    assert worker.terminate() == 0

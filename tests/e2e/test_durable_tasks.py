@@ -14,6 +14,7 @@ from tests.e2e.durable_support import (  # noqa: F401 - durable_scenario is a fi
     effects,
     free_port,
     jobs_total,
+    run_row,
     run_state,
 )
 from tests.e2e.harness import wait_for
@@ -122,4 +123,26 @@ def test_a_dead_run_is_counted_by_the_worker_handed_to_its_hook_and_requeued(dur
              what="jobs_total{outcome=succeeded} to reach 2")
     assert jobs_total(port, queue, "dead_lettered") == 1.0
     assert jobs_total(port, queue, "duplicate") == 1.0
+    assert worker.terminate() == 0
+
+
+@pytest.mark.parametrize("kind, problem", [
+    ("nul", "contains a NUL character"),
+    ("surrogate", "is not encodable as UTF-8: a lone surrogate"),
+    ("too-long", "is 201 characters; at most 200"),
+])
+def test_a_step_name_the_store_cannot_hold_buries_the_run_at_once_without_calling_fn(
+        durable_scenario, kind, problem):
+    s, url = durable_scenario("postgresql")
+    worker = s.worker(app=APP, conf=conf(url), concurrency=1).wait_ready()
+    run_id = s.send_task("q", "durable.bad_step_name", [kind])
+    wait_for(lambda: s.labelled("settled", run_id), timeout=30, what="the run to settle")
+    settled = s.labelled("settled", run_id)
+    assert [e["state"] for e in settled] == ["dead"]
+    assert "StepNameInvalid" in settled[0]["error"] and problem in settled[0]["error"], settled[0]["error"]
+    # Refused before fn: no effect row, and buried on its first attempt (no retry burned).
+    assert effects(url, run_id) == {}
+    assert len(s.labelled("start", kind)) == 1
+    row = run_row(url, run_id)
+    assert (row.state, row.attempts) == ("dead", 1)
     assert worker.terminate() == 0

@@ -8,11 +8,21 @@ import pytest
 from celery import Celery
 
 import celery_durable
-from celery_durable.checkpoints import Ledger, StepKey, encode, to_json
+from celery_durable.checkpoints import (
+    MAX_RUN_ID,
+    MAX_STEP_NAME,
+    Ledger,
+    StepKey,
+    check_run_id,
+    check_step_name,
+    encode,
+    to_json,
+)
 from celery_durable.errors import (
     DurableError,
     NotDurable,
     NotJSON,
+    RunIdInvalid,
     RunNotDead,
     RunNotFound,
     SchemaOutdated,
@@ -40,6 +50,90 @@ def test_a_replay_finds_what_the_first_execution_recorded():
 def test_a_step_name_must_be_a_non_empty_string(name):
     with pytest.raises(StepNameInvalid, match="step name"):
         Ledger().next_key(name)
+
+
+# Names the steps table (durable_steps.name VARCHAR(200), PostgreSQL or SQLite) cannot hold,
+# and what the error must say about each.
+BAD_STEP_NAMES = [
+    pytest.param("bad\x00name", r"'bad\\x00name' contains a NUL character \(\\x00\) at position 3", id="nul"),
+    pytest.param("\x00", "contains a NUL character", id="only-nul"),
+    pytest.param("charge\ud800", r"'charge\\ud800' is not encodable as UTF-8: a lone surrogate "
+                 r"'\\ud800' at position 6", id="lone-high-surrogate"),
+    pytest.param("\udc80x", "not encodable as UTF-8: a lone surrogate", id="lone-low-surrogate"),
+    pytest.param("x" * (MAX_STEP_NAME + 1), r"'x{40}'\.\.\. is 201 characters; at most 200", id="201-chars"),
+]
+
+
+@pytest.mark.parametrize(("name", "problem"), BAD_STEP_NAMES)
+def test_a_step_name_the_steps_table_cannot_hold_is_refused_naming_the_problem(name, problem):
+    with pytest.raises(StepNameInvalid, match=problem) as err:
+        Ledger().next_key(name)
+    assert str(err.value).startswith("step name '"), str(err.value)
+    # The message is stored as the dead run's last error: it must itself be storable.
+    assert "\x00" not in str(err.value)
+    str(err.value).encode("utf-8")
+    assert len(str(err.value)) < 200
+
+
+@pytest.mark.parametrize("name", [
+    "charge", "x" * MAX_STEP_NAME, "\u20ac" * 66, "\u00e9" * 100,
+    # PostgreSQL's VARCHAR(200) counts characters: 200 of them fit whatever their UTF-8 size.
+    "\u20ac" * 200, "x" * 199 + "\u00e9", "reçu/émis #2", "\U0001f4e6 ship",
+    " padded ", "tab\there", "line\nbreak",
+])
+def test_a_step_name_the_steps_table_can_hold_is_accepted(name):
+    assert check_step_name(name) == name
+    assert Ledger().next_key(name) == StepKey(name, 0)
+
+
+@pytest.mark.parametrize("name", ["bad\x00name", "bad\ud800", "y" * 201])
+def test_a_bad_step_name_is_refused_by_the_plain_step_function_before_the_missing_run(name):
+    called = []
+    with pytest.raises(StepNameInvalid, match="step name"):
+        celery_durable.step(name, called.append, 1)
+    assert called == []
+
+
+def test_step_name_invalid_is_final_so_the_run_is_buried_without_a_retry():
+    from celery_durable.durable import FINAL_ERRORS
+
+    assert StepNameInvalid in FINAL_ERRORS
+
+
+# -- run ids (Celery task ids) the runs table (durable_runs.id VARCHAR(255)) can and cannot hold -------
+
+BAD_RUN_IDS = [
+    pytest.param(None, "must be a non-empty string, got None", id="none"),
+    pytest.param("", "must be a non-empty string, got ''", id="empty"),
+    pytest.param(42, "must be a non-empty string, got 42", id="int"),
+    pytest.param(b"abc", "must be a non-empty string, got b'abc'", id="bytes"),
+    pytest.param(["a" * 500], r"got \['aaaa.*\.\.\.$", id="long-non-str-truncated"),
+    pytest.param("abc\x00def", r"'abc\\x00def' contains a NUL character \(\\x00\) at position 3", id="nul"),
+    pytest.param("id-\udfff", r"'id-\\udfff' is not encodable as UTF-8: a lone surrogate", id="lone-surrogate"),
+    pytest.param("i" * (MAX_RUN_ID + 1), r"'i{40}'\.\.\. is 256 characters; at most 255", id="256-chars"),
+]
+
+
+@pytest.mark.parametrize(("value", "problem"), BAD_RUN_IDS)
+def test_a_task_id_the_runs_table_cannot_hold_is_refused_naming_the_id(value, problem):
+    with pytest.raises(RunIdInvalid, match=problem) as err:
+        check_run_id(value)
+    message = str(err.value)
+    assert message.startswith(("run id (the Celery task id) ", "a run id (the Celery task id) ")), message
+    assert err.value.code == "durable.run.id_invalid"
+    assert isinstance(err.value, DurableError)
+    # The id is shown cut short, never whole: a message stays a line.
+    assert len(message) < 200, message
+    assert "\x00" not in message
+    message.encode("utf-8")
+
+
+@pytest.mark.parametrize("value", [
+    "d6f1c2f4-3c1e-4c53-9a55-1a2b3c4d5e6f", "a", "x" * MAX_RUN_ID, "\u00e9" * 127 + "x", "order:42/retry 1",
+    "\u00e9" * MAX_RUN_ID,
+])
+def test_a_task_id_the_runs_table_can_hold_is_accepted(value):
+    assert check_run_id(value) == value
 
 
 @pytest.mark.parametrize("value", [None, True, 0, 1.5, "s", [1, [2]], {"a": {"b": [None]}}])
@@ -85,7 +179,7 @@ def test_a_bad_step_name_is_reported_before_the_missing_run():
 
 
 @pytest.mark.parametrize("cls", [NotDurable, NotJSON, StepNameInvalid, StoreUnavailable, SchemaOutdated,
-                                 RunNotFound, RunNotDead])
+                                 RunNotFound, RunNotDead, RunIdInvalid])
 def test_errors_survive_pickling(cls):
     err = pickle.loads(pickle.dumps(cls("what went wrong")))
     assert type(err) is cls and isinstance(err, DurableError)

@@ -194,7 +194,8 @@ def test_settings_without_the_prefix_are_not_ours_to_refuse():
         pytest.param({"durable_metrics_port": 9100, "durable_metrics_host": "0.0.0.0"},
                      DurableConfig(metrics_port=9100, metrics_host="0.0.0.0"), id="metrics"),
         pytest.param({"durable_metrics_port": 65535}, DurableConfig(metrics_port=65535), id="top-port"),
-        pytest.param({"durable_database_url": "sqlite://"}, DurableConfig(), id="database-url-accepted"),
+        pytest.param({"durable_database_url": "sqlite://"}, DurableConfig(database_url="sqlite://"),
+                     id="database-url-accepted"),
     ],
 )
 def test_good_values_are_read(conf, expected):
@@ -342,3 +343,129 @@ def test_relay_settings_are_read():
     assert (config.relay, config.relay_batch_size, config.relay_poll_interval, config.outbox_retention) == (
         False, 100, 0.25, 60.0)
     assert from_celery_conf({}).relay is True
+
+
+# -- durable_database_url ---------------------------------------------------------------------------------
+
+SECRET = "s3cr3t-pw"
+
+BAD_DATABASE_URLS = [
+    pytest.param(f"mysql://app:{SECRET}@db/app", "got a mysql URL", id="mysql"),
+    pytest.param(f"mysql+pymysql://app:{SECRET}@db/app", "got a mysql URL", id="mysql-pymysql"),
+    pytest.param(f"mssql+pyodbc://app:{SECRET}@db/app", "got a mssql URL", id="mssql"),
+    pytest.param(f"oracle://app:{SECRET}@db/app", "got a oracle URL", id="oracle"),
+    pytest.param(f"postgres://app:{SECRET}@db/app", "must name the dialect postgresql", id="postgres-alias"),
+    pytest.param(f"postgresql+nosuchdriver://app:{SECRET}@db/app", "names a driver SQLAlchemy does not have",
+                 id="unknown-driver"),
+    pytest.param("not a url", "is not a database URL", id="not-a-url"),
+    pytest.param(f"postgresql//app:{SECRET}@db/app", "is not a database URL", id="missing-colon"),
+    pytest.param(f"postgresql://app:{SECRET}@db:port/app", "is not a database URL", id="bad-port"),
+    pytest.param(f"postgres ql://app:{SECRET}@with@at@db/app", "is not a database URL",
+                 id="unparsed-password-with-at-signs"),
+    pytest.param("", "leave it unset for the default", id="empty"),
+    pytest.param("   ", "leave it unset for the default", id="blank"),
+    pytest.param(5432, "got 5432", id="int"),
+    pytest.param(b"sqlite://", "got b'sqlite://'", id="bytes"),
+]
+
+
+@pytest.mark.parametrize(("value", "problem"), BAD_DATABASE_URLS)
+def test_a_bad_database_url_is_refused_naming_the_setting_never_the_password(value, problem):
+    err = refused({"durable_database_url": value})
+    assert_names(err, "durable_database_url")
+    assert err.setting == "durable_database_url"
+    assert problem in str(err), str(err)
+    assert SECRET not in str(err) and SECRET not in repr(err)
+    if isinstance(value, str) and "@" in value:
+        assert "***@" in str(err), str(err)
+
+
+def test_a_database_url_object_is_read_as_its_string():
+    url = "postgresql+psycopg2://app:pw@db:5433/app"
+    from sqlalchemy.engine import make_url
+
+    assert from_celery_conf({"durable_database_url": make_url(url)}).database_url == url
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://app@db/app",
+    "postgresql+psycopg2://app:pw@db:5433/app?sslmode=require",
+    "sqlite://",
+    "sqlite:///durable.sqlite",
+    "sqlite:////var/lib/app/durable.sqlite",
+    "sqlite+pysqlite:///durable.sqlite",
+])
+def test_postgresql_and_sqlite_urls_are_accepted(url):
+    assert from_celery_conf({"durable_database_url": url}).database_url == url
+
+
+def test_the_config_repr_does_not_show_the_database_password():
+    config = from_celery_conf({"durable_database_url": f"postgresql://app:{SECRET}@db/app"})
+    assert SECRET not in repr(config)
+
+
+# -- durable_metrics_host / durable_metrics_port ----------------------------------------------------------
+
+@pytest.mark.parametrize(("value", "problem"), [
+    pytest.param(" ", "must be an IP address or a host name, got ' '", id="blank"),
+    pytest.param("\t\n", "must be an IP address or a host name", id="whitespace"),
+    pytest.param("0", "got '0' (shorthand for 0.0.0.0): write '0.0.0.0'", id="zero-shorthand"),
+    pytest.param("127.1", "(shorthand for 127.0.0.1)", id="dotted-shorthand"),
+    pytest.param("0x7f.1", "(shorthand for 127.0.0.1)", id="hex-shorthand"),
+    pytest.param(" 127.0.0.1", "must be an IP address or a host name", id="leading-space"),
+    pytest.param("127.0.0.1 ", "must be an IP address or a host name", id="trailing-space"),
+    pytest.param("local host", "must be an IP address or a host name", id="space-inside"),
+    pytest.param("[::1]", "without brackets", id="bracketed-ipv6"),
+    pytest.param("http://localhost", "must be an IP address or a host name", id="a-url"),
+    pytest.param("localhost:9100", "must be an IP address or a host name", id="host-with-port"),
+    pytest.param("-bad.example", "must be an IP address or a host name", id="leading-hyphen"),
+    pytest.param("a" * 64 + ".example", "must be an IP address or a host name", id="label-over-63"),
+    pytest.param(None, "got None", id="none-direct"),
+])
+def test_a_bad_metrics_host_is_refused_naming_it(value, problem):
+    with pytest.raises(ConfigInvalid) as caught:
+        DurableConfig(metrics_host=value)
+    assert_names(caught.value, "durable_metrics_host")
+    assert problem in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::", "::1", "10.1.2.3", "fe80::1%lo", "localhost",
+                                  "metrics.internal.example.com", "worker_1", "host-2."])
+def test_good_metrics_hosts_are_accepted(host):
+    assert from_celery_conf({"durable_metrics_host": host}).metrics_host == host
+
+
+@pytest.mark.parametrize("value", [
+    pytest.param("9100", id="string-port"),
+    pytest.param("9100-", id="half-range"),
+    pytest.param("9100..9109", id="dots"),
+    pytest.param("9109-9100", id="reversed"),
+    pytest.param("0-10", id="range-from-0"),
+    pytest.param("65535-65536", id="range-past-65535"),
+    pytest.param([9100], id="one-item-list"),
+    pytest.param([9100, 9101, 9102], id="three-item-list"),
+    pytest.param((9100, "9109"), id="string-in-tuple"),
+    pytest.param((True, 9109), id="bool-in-tuple"),
+    pytest.param((9100.0, 9109), id="float-in-tuple"),
+    pytest.param({"first": 9100}, id="dict"),
+    pytest.param(-9100, id="negative"),
+])
+def test_a_bad_metrics_port_or_range_is_refused_naming_it(value):
+    err = refused({"durable_metrics_port": value})
+    assert_names(err, "durable_metrics_port")
+    assert repr(value) in str(err)
+
+
+@pytest.mark.parametrize(("value", "port", "ports"), [
+    pytest.param(9100, 9100, (9100, 9100), id="one-port"),
+    pytest.param("9100-9109", (9100, 9109), (9100, 9109), id="range-string"),
+    pytest.param(" 9100 - 9101 ", (9100, 9101), (9100, 9101), id="range-string-spaced"),
+    pytest.param((9100, 9109), (9100, 9109), (9100, 9109), id="range-tuple"),
+    pytest.param([9100, 9100], (9100, 9100), (9100, 9100), id="range-of-one"),
+    pytest.param([1, 65535], (1, 65535), (1, 65535), id="every-port"),
+])
+def test_a_metrics_port_or_range_is_read(value, port, ports):
+    config = from_celery_conf({"durable_metrics_port": value})
+    assert config.metrics_port == port
+    assert config.metrics_ports == ports
+    assert from_celery_conf({}).metrics_ports is None
