@@ -130,11 +130,13 @@ class Scenario:
     # -- workers ---------------------------------------------------------------------
     def worker(self, *, conf: dict[str, Any] | None = None, queues: Sequence[str] | None = None,
                pool: str | None = "durable", concurrency: int | None = 2,
-               extra_args: Sequence[str] = (), app: str = "tests.e2e.e2eapp") -> WorkerProcess:
-        """``pool=None`` leaves out ``-P`` (the app's ``worker_pool`` decides)."""
+               extra_args: Sequence[str] = (), app: str = "tests.e2e.e2eapp",
+               broker_url: str | None = None) -> WorkerProcess:
+        """``pool=None`` leaves out ``-P`` (the app's ``worker_pool`` decides); ``broker_url`` replaces
+        the scenario's for this worker alone (e.g. through a fault proxy)."""
         names = list(queues) if queues is not None else list(self.queue_names)
         worker = WorkerProcess(self, [self.by_name[n] for n in names], conf or {}, pool,
-                               concurrency, list(extra_args), app=app)
+                               concurrency, list(extra_args), app=app, broker_url=broker_url)
         self._workers.append(worker)
         return worker
 
@@ -163,13 +165,13 @@ class WorkerProcess:
 
     def __init__(self, scenario: Scenario, queues: list[str], conf: dict[str, Any], pool: str | None,
                  concurrency: int | None, extra_args: list[str], *,
-                 app: str = "tests.e2e.e2eapp") -> None:
+                 app: str = "tests.e2e.e2eapp", broker_url: str | None = None) -> None:
         self.scenario = scenario
         self.name = f"w{uuid.uuid4().hex[:6]}@%h"
         self.log_path = Path(os.environ.get("E2E_LOG_DIR", "/tmp")) / f"e2e-{uuid.uuid4().hex[:8]}.log"
         env = dict(os.environ)
         env.update(
-            E2E_BROKER=scenario.broker_url,
+            E2E_BROKER=broker_url or scenario.broker_url,
             E2E_QUEUES=",".join(scenario.queues),
             E2E_CONF=json.dumps(conf),
             E2E_KEY=scenario.key,

@@ -139,3 +139,26 @@ def test_a_run_that_kills_its_worker_every_time_is_buried_after_its_retries(dura
     wait_for(lambda: run_state(url, run_id) == "succeeded", timeout=30, what="the requeued run to succeed")
     assert len(s.labelled("end", "crash")) == 1
     assert worker.terminate() == 0
+
+
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+def test_a_run_whose_worker_lost_its_broker_connection_runs_once(durable_scenario, fault_proxy, broker_kind):
+    """RabbitMQ gives a message back the moment the connection that holds it closes, while the run goes on
+    in the pool: the copy must wait for the live attempt, not run beside it. On Redis the worker must
+    go on renewing what it holds after it reconnects."""
+    s, url = durable_scenario("postgresql", broker_kind)
+    proxy = fault_proxy(s.broker_url)
+    settings = conf(url, durable_lease_ttl=2, durable_restore_interval=0.3,
+                    broker_transport_options={"visibility_timeout": 2})
+    worker = s.worker(app=APP, conf=settings, concurrency=2, broker_url=proxy.url_for(s.broker_url)).wait_ready()
+    run_id = s.send_task("q", "durable.long_steps", ["cut", 5, 1.0])
+    wait_for(lambda: effects(url, run_id).get("s0"), timeout=20, what="the first step to commit")
+    proxy.drop_connections()
+    wait_for(lambda: run_state(url, run_id) == "succeeded", timeout=60, what="the run to succeed")
+    # Give a redelivered copy time to come back and be judged (it is deferred past the run's end).
+    wait_for(lambda: s.broker_depth("q") == 0 and worker.durable_stats()["scheduled"] == 0, timeout=30,
+             what="no copy left waiting")
+    assert effects(url, run_id) == {f"s{n}": 1 for n in range(5)}
+    assert len(s.labelled("exec", "cut")) == 1, "the body started twice"
+    assert worker.process.poll() is None
+    assert worker.terminate() == 0
