@@ -18,10 +18,13 @@ from .checkpoints import Ledger, check_step_name, to_json
 from . import store_outage as outage
 from .errors import NotDurable, StoreUnavailable
 from .store import runs, steps
-from .store.engine import unavailable_as_error
+from .store.engine import autocommit, unavailable_as_error
 from .store.runs import Run
 
 logger = logging.getLogger("celery_durable.run")
+
+#: Seconds a step whose fn already ran waits in place for its checkpoint's store to come back.
+CHECKPOINT_WAIT = 60.0
 
 
 @dataclass
@@ -57,11 +60,49 @@ class RunContext:
             value = fn(*args, **kwargs)
             encoded = to_json(what, value)
             faults.reach(faults.BEFORE_COMMIT)
-            with unavailable_as_error(self.url):
-                steps.insert(self.conn, self.run.id, key, encoded)
+            self._checkpoint_when_the_store_answers(key, encoded)
         faults.reach(faults.AFTER_COMMIT)
         self.ledger.record(key, encoded)
         return value
+
+    def _checkpoint_when_the_store_answers(self, key: Any, encoded: str) -> None:
+        """Store a checkpoint whose fn already ran, waiting in place for a store that went away.
+
+        The fn's effects have happened: giving up now would run it again on
+        the next attempt. So the attempt keeps its slot and its message and
+        tries again until the store answers, up to CHECKPOINT_WAIT seconds;
+        only then does the run wait for the store like any other (re-sent).
+        """
+        deadline = time.monotonic() + CHECKPOINT_WAIT
+        delay = 0.2
+        fresh_connection = False
+        while True:
+            try:
+                with unavailable_as_error(self.url):
+                    if fresh_connection:
+                        self._reconnect()
+                    steps.insert(self.conn, self.run.id, key, encoded)
+                outage.available(self.url)
+                return
+            except StoreUnavailable as err:
+                outage.unavailable(self.url, err)
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)  # the store's recovery, not a test: there is nothing to poll but it
+                delay = min(delay * 2, 2.0)
+                fresh_connection = True
+
+    def _reconnect(self) -> None:
+        # A fresh autocommit connection, never the invalidated one: SQLAlchemy
+        # revalidates that one without its AUTOCOMMIT isolation level, so the
+        # checkpoint and the run's outcome would sit in a transaction nobody
+        # commits and vanish at close.
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001 - the old connection is dead: closing is only tidying
+            pass
+        # Raises (as StoreUnavailable, in the caller) while the store is still down.
+        self.conn = autocommit(self.engine).connect()
 
     def sleep(self, name: Any, seconds: float) -> None:
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:

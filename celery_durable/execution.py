@@ -128,7 +128,7 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
     finally:
         keeper().release(url, run.id)
         _current.reset(token_var)
-        conn.close()
+        ctx.conn.close()  # the step context may have replaced a connection the store dropped
 
 
 def _attempt(ctx: RunContext, body: Callable[..., Any], bind: bool, args: tuple[Any, ...],
