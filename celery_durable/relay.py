@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -13,10 +14,25 @@ from typing import Any
 import sqlalchemy as sa
 
 from . import faults, outbox_metrics
-from .planning.outbox import FLAG_AFTER, BatchOutcome, next_wait, settle_batch
+from .planning.outbox import (
+    BACKOFF_JITTER,
+    FLAG_AFTER,
+    PROBE_EVERY,
+    BatchOutcome,
+    next_wait,
+    probe_after,
+    settle_batch,
+)
 from .publishing import publish_batch
+from .relay_probe import broker_problem, store_problem
 from .store import outbox as store
-from .store.engine import ensure_schema, resolve_url, store_exists, store_url, unavailable_as_error
+from .store.engine import (
+    ensure_schema,
+    resolve_url,
+    store_exists,
+    store_url,
+    unavailable_as_error,
+)
 from .store.notify import Waker
 from .store.runs import render_error
 
@@ -46,13 +62,18 @@ class Relay:
     """Publishes the outbox of ``app``'s durable store through the app's producer pool.
 
     ``run()`` loops until ``stop()``: a pass, then a wait cut short by a
-    committed row (LISTEN/NOTIFY on PostgreSQL) unless the pass failed.
+    committed row (LISTEN/NOTIFY on PostgreSQL). After a failing pass the wait
+    is a jittered backoff instead, during which the store and the broker are
+    probed every ``probe_every`` seconds: once a probe has found them down, the
+    first probe that finds both back ends the backoff (see ``_back_off``).
     ``run_pass()`` is one claim-publish-mark transaction, for tests and tools.
     """
 
     def __init__(self, app: Any, *, url: str | None = None, batch_size: int = 500,
                  poll_interval: float = 1.0, retention: float = 86400.0, flag_after: int = FLAG_AFTER,
-                 listen: bool = True, now: Callable[[], datetime] = _now) -> None:
+                 listen: bool = True, now: Callable[[], datetime] = _now,
+                 probe_every: float = PROBE_EVERY, jitter: float = BACKOFF_JITTER,
+                 draw: Callable[[], float] = random.random) -> None:
         self.app = app
         self.url = resolve_url(url) if url is not None else store_url(app)
         self.batch_size = batch_size
@@ -61,11 +82,20 @@ class Relay:
         self.flag_after = flag_after
         self.listen = listen
         self._now = now
+        self.probe_every = probe_every
+        self.jitter = jitter
+        self._draw = draw
         self._stopping = threading.Event()
         self._waker: Waker | None = None
         self._next_purge = 0.0
         #: Consecutive failing passes (broker or database down); 0 after a pass that worked.
         self.failures = 0
+        #: A probe found the store or broker down since the last pass that worked.
+        self._seen_down = False
+        #: Rows whose publish failed since the last pass that worked (their ids).
+        self._failed_rows: set[int] = set()
+        #: Backoffs a probe ended early (the store or broker came back); for tests and logs.
+        self.recoveries = 0
 
     # -- one pass ---------------------------------------------------------------------
     def run_pass(self) -> PassResult:
@@ -87,7 +117,7 @@ class Relay:
             failed_row = rows[published.sent] if error is not None else None
             outcome = settle_batch([r.id for r in rows], published.sent,
                                    failed_row.attempts if failed_row is not None else None,
-                                   flag_after=self.flag_after)
+                                   flag_after=self.flag_after, jitter=self.jitter, draw=self._draw())
             self._settle(conn, outcome, error, failed_row, now)
         if published.sent:
             outbox_metrics.PUBLISHED.inc(published.sent)
@@ -100,6 +130,7 @@ class Relay:
         if outcome.failed is None or error is None or failed_row is None:
             return
         rendered = render_error(error)
+        self._failed_rows.add(outcome.failed)
         store.mark_failed(conn, outcome.failed, attempts=outcome.failed_attempts, error=rendered,
                           retry_at=now + timedelta(seconds=outcome.retry_in))
         outbox_metrics.FAILURES.inc()
@@ -128,22 +159,80 @@ class Relay:
                 try:
                     result = self.run_pass()
                     claimed = result.claimed
-                    self.failures = self.failures + 1 if result.error else 0
+                    if result.error:
+                        self.failures += 1
+                    else:
+                        self._worked()
                     self._maybe_purge()
                 except Exception:  # noqa: BLE001 - the store is down: back off, rows stay
                     self.failures += 1
                     logger.warning("durable.relay.pass_failed failures=%s", self.failures, exc_info=True)
                 delay = next_wait(claimed=claimed, batch_size=self.batch_size, failures=self.failures,
-                                  poll_interval=self.poll_interval)
+                                  poll_interval=self.poll_interval, jitter=self.jitter, draw=self._draw())
                 if self.failures:
-                    # A notification must not cut a backoff short: the broker is still down.
-                    self._stopping.wait(delay)
+                    # A notification must not cut a backoff short (the broker may still be
+                    # down); a probe finding the store and broker back does.
+                    if self._back_off(delay):
+                        self._release_failed_rows()
                 elif delay > 0:
                     waker.wait(delay)
         finally:
             waker.close()
             self._waker = None
             logger.info("durable.relay.stopped")
+
+    def _worked(self) -> None:
+        self.failures = 0
+        self._seen_down = False
+        self._failed_rows.clear()
+
+    def _back_off(self, delay: float) -> bool:
+        """Wait out a backoff of ``delay`` s, probing; True if a probe ended it because all is back.
+
+        Only a probe after one that found the store or broker down ends it early: a
+        failure with both reachable (a row the broker refuses, a bug) keeps the whole
+        backoff, so it cannot turn into a pass every probe interval.
+        """
+        deadline = time.monotonic() + delay
+        while not self._stopping.is_set():
+            wait = probe_after(deadline - time.monotonic(), probe_every=self.probe_every)
+            if wait <= 0 or self._stopping.wait(wait) or time.monotonic() >= deadline:
+                # The pass at the end of the backoff is the check now.
+                return False
+            problem = store_problem(self.url) or broker_problem(self.app)
+            if problem is not None:
+                self._seen_down = True
+                logger.debug("durable.relay.probe_failed problem=%s", problem)
+            elif self._seen_down:
+                self.recoveries += 1
+                logger.info("durable.relay.recovered failures=%s", self.failures,
+                            extra={"event": "durable.relay.recovered", "failures": self.failures})
+                return True
+            else:
+                # Reachable all along: no point probing until the backoff ends.
+                self._stopping.wait(max(0.0, deadline - time.monotonic()))
+                return False
+        return False
+
+    def _release_failed_rows(self) -> None:
+        """Make the rows that failed while the store or broker was down available now.
+
+        Their own backoff (``available_at``) grew with every failed publish during the
+        outage; it was about the outage, not about them, so it ends with it. Their
+        attempt counts stay (and with them the flagging), and a row failing again is
+        deferred again as usual.
+        """
+        ids, self._failed_rows = sorted(self._failed_rows), set()
+        if not ids:
+            return
+        try:
+            with unavailable_as_error(self.url), ensure_schema(self.url).begin() as conn:
+                released = store.release(conn, ids, self._now())
+        except Exception:  # noqa: BLE001 - the next pass reports a store that went down again
+            logger.warning("durable.relay.release_failed rows=%s", len(ids), exc_info=True)
+            return
+        if released:
+            logger.info("durable.outbox.released rows=%s", released)
 
     def stop(self) -> None:
         self._stopping.set()

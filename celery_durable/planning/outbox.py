@@ -23,6 +23,12 @@ CHAIN_STEP_REFUSED = ("link", "link_error")
 #: The backoff between publish attempts of one row (and between failing relay passes).
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 60.0
+#: Each backoff is spread by up to this fraction either way (never past the cap), so the relays of
+#: a fleet (one in every worker) that lost the broker together do not retry in lockstep.
+BACKOFF_JITTER = 0.2
+#: While it backs off, the relay checks the store and the broker this often (or at the end of a
+#: shorter backoff): a check that finds them back ends the backoff at once.
+PROBE_EVERY = 1.0
 
 #: A row that failed this many publishes is flagged: logged at error level and counted, never dropped.
 FLAG_AFTER = 10
@@ -127,12 +133,29 @@ def _aware(key: str, value: Any) -> datetime:
     return value
 
 
-def backoff_delay(attempts: int, *, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP) -> float:
-    """Seconds to wait after ``attempts`` consecutive failed publishes: 0, then 0.5, 1, 2, ... up to cap."""
+def backoff_delay(attempts: int, *, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP,
+                  jitter: float = 0.0, draw: float = 0.5) -> float:
+    """Seconds to wait after ``attempts`` consecutive failed publishes: 0, then 0.5, 1, 2, ... up to cap.
+
+    ``draw`` is a number in [0, 1] the caller picked at random (planning stays pure): it
+    moves the delay by up to ``jitter`` of itself either way, 0.5 not at all. A jittered
+    delay never exceeds ``cap``.
+    """
+    if not 0.0 <= jitter < 1.0:
+        raise ValueError(f"jitter must be a fraction in [0, 1), got {jitter!r}")
+    if not 0.0 <= draw <= 1.0:
+        raise ValueError(f"draw must be in [0, 1], got {draw!r}")
     if attempts <= 0:
         return 0.0
     # min before the power would overflow for a row failing for weeks.
-    return min(cap, base * 2.0 ** min(attempts - 1, 64))
+    delay = min(cap, base * 2.0 ** min(attempts - 1, 64))
+    return min(cap, delay * (1.0 + jitter * (2.0 * draw - 1.0)))
+
+
+def probe_after(backoff_left: float, *, probe_every: float = PROBE_EVERY) -> float:
+    """Seconds until a backing-off relay next checks its store and broker: the probe interval,
+    or what is left of the backoff if less (the pass at its end is a check of its own)."""
+    return max(0.0, min(backoff_left, probe_every))
 
 
 @dataclass(frozen=True)
@@ -151,8 +174,11 @@ class BatchOutcome:
 
 
 def settle_batch(ids: Sequence[int], published: int, prior_attempts: int | None,
-                 *, flag_after: int = FLAG_AFTER) -> BatchOutcome:
-    """``published`` rows of ``ids`` went out; ``prior_attempts`` is the next row's count if it raised."""
+                 *, flag_after: int = FLAG_AFTER, jitter: float = 0.0, draw: float = 0.5) -> BatchOutcome:
+    """``published`` rows of ``ids`` went out; ``prior_attempts`` is the next row's count if it raised.
+
+    ``jitter`` and ``draw`` spread the failed row's retry as in ``backoff_delay``.
+    """
     if not 0 <= published <= len(ids):
         raise ValueError(f"published={published} is outside a batch of {len(ids)}")
     done = tuple(ids[:published])
@@ -163,20 +189,22 @@ def settle_batch(ids: Sequence[int], published: int, prior_attempts: int | None,
         published=done,
         failed=ids[published],
         failed_attempts=attempts,
-        retry_in=backoff_delay(attempts),
+        retry_in=backoff_delay(attempts, jitter=jitter, draw=draw),
         flag=attempts == flag_after,
         untried=tuple(ids[published + 1:]),
     )
 
 
-def next_wait(*, claimed: int, batch_size: int, failures: int, poll_interval: float) -> float:
+def next_wait(*, claimed: int, batch_size: int, failures: int, poll_interval: float,
+              jitter: float = 0.0, draw: float = 0.5) -> float:
     """Seconds the relay waits before its next pass (a wake-up may cut it short, except after a failure).
 
     A full batch means more rows are likely waiting: go again at once. A failing
-    pass (broker or database down) backs off by consecutive failures.
+    pass (broker or database down) backs off by consecutive failures, spread by
+    ``jitter`` as in ``backoff_delay``; probes (``probe_after``) may end it early.
     """
     if failures > 0:
-        return backoff_delay(failures)
+        return backoff_delay(failures, jitter=jitter, draw=draw)
     if claimed >= batch_size:
         return 0.0
     return poll_interval

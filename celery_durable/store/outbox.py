@@ -70,6 +70,13 @@ def mark_failed(conn: Connection, row_id: int, *, attempts: int, error: str, ret
                  .values(attempts=attempts, last_error=error, available_at=retry_at))
 
 
+def release(conn: Connection, ids: list[int], now: datetime) -> int:
+    """Make unpublished rows of ``ids`` deferred past ``now`` available at ``now``; returns how many."""
+    result = conn.execute(outbox.update().where(outbox.c.id.in_(ids), outbox.c.published_at.is_(None),
+                                                outbox.c.available_at > now).values(available_at=now))
+    return int(result.rowcount or 0)
+
+
 def purge_published(conn: Connection, before: datetime) -> int:
     """Delete rows published before ``before``; returns how many."""
     result = conn.execute(outbox.delete().where(outbox.c.published_at.is_not(None),

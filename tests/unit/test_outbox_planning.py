@@ -12,6 +12,7 @@ from celery_durable.planning.outbox import (
     OptionInvalid,
     backoff_delay,
     next_wait,
+    probe_after,
     serialize_options,
     settle_batch,
 )
@@ -54,6 +55,47 @@ def test_backoff_doubles_from_half_a_second_to_the_cap(attempts: int, delay: flo
     assert backoff_delay(attempts) == delay
 
 
+@pytest.mark.parametrize(("attempts", "jitter", "draw", "delay"), [
+    (3, 0.2, 0.5, 2.0),        # the middle draw: no spread
+    (3, 0.2, 0.0, 1.6),        # the lowest draw: jitter below
+    (3, 0.2, 1.0, 2.4),        # the highest: jitter above
+    (3, 0.2, 0.25, 1.8),
+    (1, 0.5, 1.0, 0.75),
+    (8, 0.2, 0.0, 48.0),       # at the cap it spreads downwards ...
+    (8, 0.2, 1.0, BACKOFF_CAP),  # ... and never above it
+    (10_000, 0.2, 0.75, BACKOFF_CAP),
+    (0, 0.2, 1.0, 0.0),        # no failure, no wait, whatever the draw
+    (3, 0.0, 1.0, 2.0),        # no jitter: the draw is ignored
+])
+def test_backoff_jitter_spreads_by_the_draw_within_the_cap(attempts: int, jitter: float, draw: float,
+                                                           delay: float) -> None:
+    assert backoff_delay(attempts, jitter=jitter, draw=draw) == pytest.approx(delay)
+
+
+@pytest.mark.parametrize(("jitter", "draw"), [(-0.1, 0.5), (1.0, 0.5), (0.2, -0.01), (0.2, 1.01),
+                                              (float("nan"), 0.5), (0.2, float("nan"))])
+def test_backoff_jitter_and_draw_out_of_range_are_refused(jitter: float, draw: float) -> None:
+    with pytest.raises(ValueError):
+        backoff_delay(3, jitter=jitter, draw=draw)
+
+
+@pytest.mark.parametrize(("left", "every", "after"), [
+    (32.0, 1.0, 1.0),   # a long backoff is checked every second ...
+    (0.5, 1.0, 0.5),    # ... a short one only by the pass at its end
+    (1.0, 1.0, 1.0),
+    (0.0, 1.0, 0.0),
+    (-0.2, 1.0, 0.0),   # overdue: now
+    (10.0, 0.25, 0.25),
+])
+def test_probe_after(left: float, every: float, after: float) -> None:
+    assert probe_after(left, probe_every=every) == after
+
+
+def test_a_failed_rows_retry_is_jittered_by_the_draw() -> None:
+    assert settle_batch([4, 5], 0, prior_attempts=2, jitter=0.2, draw=0.0).retry_in == pytest.approx(1.6)
+    assert settle_batch([4, 5], 0, prior_attempts=2, jitter=0.2, draw=1.0).retry_in == pytest.approx(2.4)
+
+
 def test_a_batch_that_published_everything_marks_everything() -> None:
     outcome = settle_batch([4, 5, 6], 3, None)
     assert outcome.published == (4, 5, 6) and outcome.failed is None
@@ -85,3 +127,9 @@ def test_published_count_outside_the_batch_is_a_bug() -> None:
 ])
 def test_next_wait(claimed: int, failures: int, wait: float) -> None:
     assert next_wait(claimed=claimed, batch_size=500, failures=failures, poll_interval=1.0) == wait
+
+
+@pytest.mark.parametrize(("failures", "draw", "wait"), [(3, 0.0, 1.6), (3, 1.0, 2.4), (0, 0.0, 1.0)])
+def test_next_wait_jitters_only_a_backoff(failures: int, draw: float, wait: float) -> None:
+    assert next_wait(claimed=0, batch_size=500, failures=failures, poll_interval=1.0,
+                     jitter=0.2, draw=draw) == pytest.approx(wait)
