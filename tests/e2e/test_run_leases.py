@@ -156,8 +156,11 @@ def test_a_run_whose_worker_lost_its_broker_connection_runs_once(durable_scenari
     proxy.drop_connections()
     wait_for(lambda: run_state(url, run_id) == "succeeded", timeout=60, what="the run to succeed")
     # Give a redelivered copy time to come back and be judged (it is deferred past the run's end).
-    wait_for(lambda: s.broker_depth("q") == 0 and worker.durable_stats()["scheduled"] == 0, timeout=30,
-             what="no copy left waiting")
+    def nothing_waiting() -> bool:
+        stats = worker.stats()  # None while its remote control reconnects after the cut
+        return s.broker_depth("q") == 0 and stats is not None and stats["durable"]["scheduled"] == 0
+
+    wait_for(nothing_waiting, timeout=30, what="no copy left waiting")
     assert effects(url, run_id) == {f"s{n}": 1 for n in range(5)}
     assert len(s.labelled("exec", "cut")) == 1, "the body started twice"
     assert worker.process.poll() is None

@@ -103,3 +103,29 @@ def test_runs_cut_off_mid_step_by_a_store_outage_resume_and_settle(durable_scena
              len([e for e in s.events() if e["e"] == "settled"]) == 4, timeout=10, what="on_settled per run")
     assert worker.process.poll() is None
     assert worker.terminate() == 0
+
+
+def test_a_sqlite_store_locked_out_longer_than_its_busy_timeout_loses_no_run(durable_scenario):
+    """SQLite's outage: another process holds the write lock past the busy timeout ("database is locked")."""
+    import sqlite3
+
+    s, url = durable_scenario("sqlite", "redis")
+    worker = s.worker(app=APP, conf=outage_conf(url), concurrency=2).wait_ready()
+    path = sa.engine.make_url(url).database
+    locker = sqlite3.connect(path, timeout=30, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        ids = [s.send_task("q", "durable.outage_steps", [f"locked-{n}", 0.0]) for n in range(3)]
+        wait_for(lambda: "durable.store.unavailable" in worker.log(), timeout=40,
+                 what="the locked store to be reported")
+        assert not s.labelled("exec", "locked-"), "a body ran while the store was locked"
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    wait_for(lambda: all(run_state(url, run_id) == "succeeded" for run_id in ids), timeout=60,
+             what="every run to succeed once the lock is gone")
+    for n, run_id in enumerate(ids):
+        assert ledger_rows(url, run_id) == 1
+        assert [e["retries"] for e in s.labelled("end", f"locked-{n}")] == [0], "the lock spent a retry"
+    assert worker.process.poll() is None
+    assert worker.terminate() == 0
