@@ -89,11 +89,18 @@ class LeaseKeeper:
         try:
             with unavailable_as_error(url), autocommit(engine_for(url)).connect() as conn:
                 renewed = runs.renew(conn, tokens, ttl)
+                missed = sorted(set(tokens) - renewed)
+                # Not renewed is not yet lost: the attempt may have just settled (no holder
+                # now) and not released it here yet. Lost is another attempt's token.
+                now_held = runs.holders(conn, missed) if missed else {}
         except Exception as err:  # noqa: BLE001 - the next beat tries again; the steps will see it too
             outage.unavailable(url, err)
             return
         outage.available(url)
-        for run_id in set(tokens) - renewed:
+        for run_id in missed:
+            holder = now_held.get(run_id)
+            if holder is None or holder == tokens[run_id]:
+                continue
             with self._cond:
                 current = self._held.get(url, {}).get(run_id)
                 if current is None or current[0] != tokens[run_id]:

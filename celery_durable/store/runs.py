@@ -150,6 +150,12 @@ def renew(conn: Connection, leases: dict[str, str], lease_seconds: float) -> set
     return renewed
 
 
+def holders(conn: Connection, run_ids: list[str]) -> dict[str, str | None]:
+    """The lease holder each run names now (None: no attempt holds it)."""
+    rows = conn.execute(sa.select(runs.c.id, runs.c.lease_holder).where(runs.c.id.in_(sorted(run_ids))))
+    return {run_id: holder for run_id, holder in rows}
+
+
 def hand_off_to_sleep(conn: Connection, run_id: str, token: str) -> bool:
     """Mark a run sleeping: its attempt ended, and only the wake-up carrying ``token`` may resume it."""
     result = conn.execute(

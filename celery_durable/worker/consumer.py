@@ -296,6 +296,15 @@ class DurableConsumer(Consumer):
         queues.deselect(queue)
         logger.info("durable.queue.cancelled queue=%s", queue)
 
+    # -- reconnects ----------------------------------------------------------------
+    def _restore_prefetch_count_after_connection_restart(self, p: Any, *args: Any) -> None:
+        # Celery (5.7, consumer.py) restores its push consumer's prefetch count after a
+        # reconnect from each ack's promise: under thread execution that runs on a pool
+        # thread, whose basic.qos then waits on the connection beside the hub thread, and
+        # either may swallow the other's reply (the worker hangs for good). -P durable
+        # claims and never push-consumes tasks: there is no prefetch count to restore.
+        self._maximum_prefetch_restored = True
+
     # -- shutdown ----------------------------------------------------------------
     def stop(self) -> None:
         if self.claimer is not None:

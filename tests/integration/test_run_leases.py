@@ -102,3 +102,22 @@ def test_the_keeper_renews_a_held_lease_past_its_ttl_and_stops_on_release(store_
     keeper.release(store_url, "r1")
     wait_for(lambda: not runs.get(conn, "r1").lease_live(runs.now()), timeout=5,
              what="the lease to expire once released")
+
+
+def test_the_keeper_says_lost_only_when_another_attempt_holds_the_run(store_url, conn, caplog):
+    begin(conn, "k1", run_id="settled", ttl=0.3)
+    taken, _ = begin(conn, "k1", run_id="taken", ttl=0.3)
+    keeper = LeaseKeeper()
+    keeper.hold(store_url, "settled", "k1", 0.3)
+    keeper.hold(store_url, "taken", "k1", 0.3)
+    # One attempt settles (and has not released its lease yet); the other run is taken over.
+    settled_run = runs.get(conn, "settled")
+    assert runs.settle(conn, settled_run, "succeeded", result="1") is not None
+    conn.execute(runs.runs.update().where(runs.runs.c.id == "taken").values(lease_holder="k2"))
+    with caplog.at_level("WARNING", logger="celery_durable.run"):
+        wait_for(lambda: "taken" not in keeper.held().get(store_url, {}), timeout=5,
+                 what="the keeper to notice the lost lease")
+    lost = [r.getMessage() for r in caplog.records if "durable.lease.lost" in r.getMessage()]
+    assert len(lost) == 1 and "taken" in lost[0]
+    assert "settled" in keeper.held()[store_url]  # still listed until its attempt releases it
+    keeper.release(store_url, "settled")
