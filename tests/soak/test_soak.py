@@ -46,6 +46,8 @@ KILLS = 5
 #: Fewest runs that must still be unsettled when a fault lands: a fault after the work is done proves nothing.
 IN_FLIGHT_AT_FAULT = 20
 SETTLE_DEADLINE = 600.0
+#: Seconds every live worker has, once an outage ends, to start a step again (with a backlog waiting).
+RESUME_DEADLINE = 30.0
 PLAIN_STEPS = ("first", "last")
 #: Log lines counted in every worker's log (killed ones included).
 LOG_EVENTS = ("durable.run.deferred", "durable.run.store_wait", "durable.run.store_wait_failed",
@@ -95,6 +97,18 @@ class Fleet:
         self.dead.append((worker, execution))
         self.start(execution).wait_ready(timeout=120)
         return Kill(round(time.monotonic() - started, 1), pid, execution, children, unsettled)
+
+    def idle_since(self, since: float, within: float) -> list[tuple[int, str]]:
+        """The live workers (pid, execution) that start no step between ``since`` and ``within`` s later."""
+        waiting = {worker.process.pid: execution for worker, execution in self.live}
+        deadline = time.monotonic() + within
+        while waiting and time.monotonic() < deadline:
+            recent = {int(e["pid"]) for e in self.s.labelled("effect", "soak-") if e["t"] > since}
+            for pid in list(waiting):
+                if recent & {pid, *children_of(pid)}:
+                    del waiting[pid]
+            time.sleep(0.5)
+        return sorted(waiting.items())
 
     def all(self) -> list[tuple[WorkerProcess, str]]:
         return self.live + self.dead
@@ -158,25 +172,32 @@ def test_soak_every_run_settles_once_through_kills_and_outages(durable_scenario,
         faults.append(f"t={kills[-1].at:6.1f}s SIGKILL {kills[-1].execution} worker {kills[-1].worker_pid} "
                       f"(children {kills[-1].children}), {left} unsettled")
 
-    def outage(name: str, proxy: Any, seconds: float) -> None:
+    stalled: list[str] = []
+
+    def outage(name: str, proxy: Any, seconds: float, then: float) -> None:
         left = in_flight(f"the {name} outage")
         at = time.monotonic() - started
         proxy.outage()
         hold(seconds)
         proxy.restore()
+        back = time.time()
         faults.append(f"t={at:6.1f}s {name} outage {seconds:.0f}s, {left} unsettled")
+        # Every worker takes work again once the service is back (a worker that stops claiming
+        # loses nothing while others carry its load: only this sees it).
+        idle = fleet.idle_since(back, within=RESUME_DEADLINE)
+        stalled.extend(f"{execution} worker {pid} started no step within {RESUME_DEADLINE:.0f}s after the "
+                       f"{name} outage" for pid, execution in idle)
+        hold(max(0.0, then - (time.time() - back)))
 
     # The first kill once every worker is inside steps.
     wait_for(lambda: len(s.labelled("effect", "soak-")) >= 3 * CONCURRENCY, timeout=120,
              what="every worker to be inside steps")
     kill()
     hold(8)
-    outage("store", store_proxy, STORE_OUTAGE)
-    hold(12)
+    outage("store", store_proxy, STORE_OUTAGE, then=12)
     kill()
     hold(10)
-    outage("broker", broker_proxy, BROKER_OUTAGE)
-    hold(10)
+    outage("broker", broker_proxy, BROKER_OUTAGE, then=10)
     for _ in range(KILLS - 2):
         kill()
         hold(10)
@@ -188,10 +209,12 @@ def test_soak_every_run_settles_once_through_kills_and_outages(durable_scenario,
     finally:
         wall = time.monotonic() - started
         figures = collect(s, url, fleet, ids, label_of, kills)
+        figures["stalled"] = stalled
         print_figures(broker_kind, figures, faults, sent, faults_done, wall)
 
     # -- what they did ----------------------------------------------------------------------------------
     assert figures["states"] == {"succeeded": RUNS}, figures["states"]
+    assert stalled == [], f"workers that stopped taking work: {stalled}"
     assert figures["ledger_not_once"] == {}, f"transactional step not exactly once: {figures['ledger_not_once']}"
     assert figures["missing_effects"] == [], f"plain steps never run: {figures['missing_effects'][:20]}"
     assert figures["violations"] == [], f"duplicates no kill explains: {figures['violations'][:20]}"
