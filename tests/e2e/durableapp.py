@@ -143,6 +143,17 @@ def outage_steps(self: Any, label: str, seconds: float) -> str:
     return label
 
 
+@app.durable_task(bind=True, name="durable.soak", max_retries=10, default_retry_delay=0)
+def soak(self: Any, label: str, first_seconds: float, last_seconds: float) -> str:
+    # The soak (tests/soak): a plain step, a transactional one, a plain one. The plain steps'
+    # effects go to the observer with the pid that ran them (``_counted``), so a duplicate can be
+    # traced to the process that was killed inside it.
+    self.step("first", _counted, label, "first", first_seconds)
+    self.step("ledger", _ledger_row, self.request.id, transactional=True)
+    self.step("last", _counted, label, "last", last_seconds)
+    return label
+
+
 @app.task(name="durable.plain")
 def plain(label: str) -> str:
     observe("plain", label)
