@@ -321,6 +321,13 @@ class DurableConsumer(Consumer):
         for run in self.held.snapshot():
             if not run.in_pool:
                 self.held.give_back(run.message)
+            elif run.request is not None:
+                # The run goes on in the pool, but its message is no longer ours: the
+                # broker (RabbitMQ) or kombu's channel close (Redis) has put it back.
+                # Its late ack must not be sent: on Redis it reaches a closed channel
+                # whose pool is gone and kills the worker (kombu raises AttributeError,
+                # not a connection error). The copy is a duplicate the run's lease handles.
+                run.request.acknowledged = True
 
     def durable_stats(self) -> dict[str, Any]:
         config = self.durable_config
