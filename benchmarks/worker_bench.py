@@ -628,7 +628,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rows: list[Row] = []
 
-    def attempt(scenario: str, broker: Broker, variant: Variant, fn: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    def attempt(
+        scenario: str, broker: Broker, variant: Variant, fn: Callable[[], dict[str, Any]]
+    ) -> dict[str, Any] | None:
         t0 = time.monotonic()
         try:
             figures = fn()

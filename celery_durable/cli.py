@@ -19,7 +19,8 @@ register()
 
 @click.group(name="durable")
 @click.pass_context
-@handle_preload_options
+# celery.bin.base ships no annotations: handle_preload_options is an untyped decorator.
+@handle_preload_options  # type: ignore[untyped-decorator]
 def durable(ctx: click.Context) -> None:
     """celery_durable operator commands."""
 

@@ -14,8 +14,8 @@ from celery.exceptions import Ignore
 from sqlalchemy.engine import Connection, Engine
 
 from . import faults
-from .checkpoints import Ledger, check_step_name, to_json
 from . import store_outage as outage
+from .checkpoints import Ledger, check_step_name, to_json
 from .errors import NotDurable, StoreUnavailable
 from .store import runs, steps
 from .store.engine import autocommit, unavailable_as_error

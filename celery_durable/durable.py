@@ -30,7 +30,7 @@ class DurableTask(Task):  # type: ignore[misc]
         """Run ``fn(*args, **kwargs)`` once per run; see :func:`celery_durable.step`."""
         return current().step(name, fn, args, kwargs, transactional)
 
-    def sleep(self, name: str, seconds: float) -> None:  # type: ignore[override]
+    def sleep(self, name: str, seconds: float) -> None:
         """Sleep durably: the run is re-sent to wake after ``seconds``; its slot is freed now.
 
         In an eager run it returns at once (see :func:`celery_durable.sleep`).

@@ -21,6 +21,7 @@ from typing import Any
 from celery.exceptions import Ignore, Reject, Retry
 
 from . import metrics
+from . import store_outage as outage
 from .checkpoints import Ledger, check_run_id, encode, from_json
 from .config import lease_ttl
 from .context import RunContext, _current
@@ -28,7 +29,6 @@ from .errors import NotDurable, RunExhausted, RunIdInvalid, StoreUnavailable
 from .lease_keeper import keeper, new_token
 from .planning import run_admission
 from .planning.run_admission import BURY, DUPLICATE, RUN, RowView
-from . import store_outage as outage
 from .store import runs, steps
 from .store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
 from .store.runs import Run

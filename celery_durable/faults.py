@@ -1,4 +1,7 @@
-"""Named fault points in the step path and the outbox relay, where a crash test can stop the process; no-ops unless hooked."""
+"""Named fault points in the step path and the outbox relay, where a crash test can stop the process.
+
+No-ops unless hooked.
+"""
 
 from __future__ import annotations
 

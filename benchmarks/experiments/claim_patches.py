@@ -33,12 +33,12 @@ import os
 from time import time
 from typing import Any
 
-from benchapp import app, noop, ping, work  # noqa: F401  (the same tasks as the benchmark)
 from kombu.serialization import prepare_accept_content
 from kombu.transport.virtual.base import QoS as VirtualQoS
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
+from benchapp import app, noop, ping, work  # noqa: F401  (the same tasks as the benchmark)
 from celery_durable.worker import claimer as _claimer
 
 Claimer = _claimer.Claimer

@@ -10,7 +10,6 @@ Celery task runs again: the outbox is at-least-once).
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -130,7 +129,7 @@ class _AckWaiter:
                 raise ConfirmTimeout(f"{len(self.outstanding)} messages not confirmed within {timeout}s")
             try:
                 connection.drain_events(timeout=remaining)
-            except socket.timeout:
+            except TimeoutError:
                 continue
         if self.nacked is not None:
             raise ConfirmFailed(f"the broker nacked message {self.nacked} of the batch")

@@ -40,8 +40,12 @@ class Waker:
             cargs, cparams = self._engine.dialect.create_connect_args(self._engine.url)
             conn = self._engine.dialect.connect(*cargs, **cparams)
             conn.autocommit = True
-            with conn.cursor() as cursor:
+            # DB-API cursors are not context managers (psycopg2's happens to be one).
+            cursor = conn.cursor()
+            try:
                 cursor.execute(f"LISTEN {CHANNEL}")
+            finally:
+                cursor.close()
             self._listener = conn
         except Exception:  # noqa: BLE001 - polling still delivers; log and retry next wait
             logger.warning("durable.relay.listen_failed", exc_info=True)

@@ -72,7 +72,7 @@ def render_error(exc: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 15] + "... [truncated]"
 
 
-def _begin_attempt_statement() -> sa.TextClause:
+def _begin_attempt_statement() -> sa.TextualSelect:
     # Written out once rather than built per call: SQLAlchemy cannot cache an
     # ON CONFLICT construct ("no key"), and recompiling it cost ~1 ms per run.
     # The same text is valid on PostgreSQL and on SQLite (>= 3.35, RETURNING).
@@ -204,13 +204,13 @@ def cancel(conn: Connection, *, run_id: str, task_name: str, queue: str | None, 
         id=run_id, task_name=task_name, queue=queue, state=CANCELLED, attempts=0, args=args,
         kwargs=kwargs, last_error=reason, started_at=at, updated_at=at, finished_at=at,
     )
-    stmt = stmt.on_conflict_do_update(
+    upsert = stmt.on_conflict_do_update(
         index_elements=[runs.c.id],
         set_={"state": CANCELLED, "last_error": reason, "updated_at": at, "finished_at": at,
               "lease_holder": None, "lease_expires_at": None},
         where=runs.c.state.not_in(sorted(SETTLED)),
     ).returning(*runs.c)
-    row = conn.execute(stmt).one_or_none()
+    row = conn.execute(upsert).one_or_none()
     return None if row is None else Run(**row._mapping)
 
 

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kombu import Consumer as KombuConsumer
+from kombu.messaging import Consumer as KombuConsumer
 
 from ..planning.claim_sweep import begin_sweep, next_ask, record, waitable_queues
 from .fetchers import Fetcher, fetcher_for
@@ -164,6 +164,8 @@ class Claimer:
 
     def _fetch(self, queue: Any, count: int) -> int:
         got = 0
+        if self._fetcher is None:  # run_pass checked; set once at start, never cleared
+            return got
         # A message already taken from the broker is admitted even if a stop
         # came meanwhile: it is counted, and the drain hands it back.
         for message in self._fetcher.fetch(queue, count, lambda: self.claiming):

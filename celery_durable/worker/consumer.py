@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import logging
-import socket
 from collections import deque
-from time import monotonic
 from collections.abc import Callable
+from time import monotonic
 from typing import Any
 
 from celery import bootsteps, signals
@@ -102,7 +101,7 @@ def _polling_loop(obj: DurableConsumer, connection: Any, stand_in: Any, blueprin
         obj.run_scheduled()
         try:
             connection.drain_events(timeout=interval)
-        except socket.timeout:
+        except TimeoutError:
             pass
         except OSError:
             if blueprint.state == bootsteps.RUN:
@@ -126,7 +125,11 @@ class DurableConsumer(Consumer):
     loop = staticmethod(durable_loop)
 
     class Blueprint(Consumer.Blueprint):
-        default_steps = [*Consumer.Blueprint.default_steps, "celery_durable.worker.consumer:DurableStats", "celery_durable.worker.relay_step:OutboxRelay"]
+        default_steps = [
+            *Consumer.Blueprint.default_steps,
+            "celery_durable.worker.consumer:DurableStats",
+            "celery_durable.worker.relay_step:OutboxRelay",
+        ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

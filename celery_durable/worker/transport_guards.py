@@ -86,7 +86,7 @@ def _guard_sql_get(channel: Any) -> None:
             try:
                 row = (session.query(model).with_for_update()
                        .filter(model.queue_id == obj.id)
-                       .filter(model.visible != False)  # as kombu writes it (NULL is not visible)
+                       .filter(model.visible != False)  # noqa: E712 - SQL, as kombu writes it (NULL is not visible)
                        .order_by(model.sent_at).order_by(model.id)
                        .limit(1).first())
                 if row is None:

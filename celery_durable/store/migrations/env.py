@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine
+from sqlalchemy.engine import Connection
 
 from celery_durable.store.schema import VERSION_TABLE, metadata
 
 config = context.config
 
 
-def _run(connection) -> None:  # type: ignore[no-untyped-def]
+def _run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=metadata, version_table=VERSION_TABLE,
                       render_as_batch=connection.dialect.name == "sqlite")
     with context.begin_transaction():
@@ -29,5 +30,8 @@ else:
     if given is not None:
         _run(given)
     else:
-        with create_engine(config.get_main_option("sqlalchemy.url")).begin() as conn:
+        url = config.get_main_option("sqlalchemy.url")
+        if url is None:  # only store.engine.alembic_config() loads this env, and it always sets one
+            raise RuntimeError("the durable store migrations need sqlalchemy.url; run `celery durable migrate`")
+        with create_engine(url).begin() as conn:
             _run(conn)
