@@ -5,10 +5,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .config import DurableConfig, from_celery_conf
-from .context import sleep, step
-from .durable import DurableTask, durable_task
-from .errors import (
+from celery_durable import outbox
+from celery_durable.config import DurableConfig, from_celery_conf
+from celery_durable.errors import (
     ConfigInvalid,
     DurableError,
     InvariantBroken,
@@ -22,8 +21,11 @@ from .errors import (
     StepNameInvalid,
     StoreUnavailable,
 )
-from .revocation import connect as _cancel_runs_on_revoke
-from .worker.boot import register as _register_pool
+from celery_durable.tasks import runs
+from celery_durable.tasks.context import sleep, step
+from celery_durable.tasks.durable import DurableTask, durable_task
+from celery_durable.tasks.revocation import connect as _cancel_runs_on_revoke
+from celery_durable.worker.boot import register as _register_pool
 
 __all__ = [
     "ConfigInvalid",
@@ -43,6 +45,7 @@ __all__ = [
     "from_celery_conf",
     "install",
     "outbox",
+    "runs",
     "sleep",
     "step",
 ]

@@ -7,9 +7,9 @@ import json
 import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
-from .config import from_celery_conf
-from .errors import ConfigInvalid
-from .worker.boot import register
+from celery_durable.config import from_celery_conf
+from celery_durable.errors import ConfigInvalid
+from celery_durable.worker.boot import register
 
 # Imported through the ``celery.commands`` entry point before Celery parses
 # ``-P``: registering here makes ``-P durable`` work for an app module that
@@ -41,8 +41,8 @@ def show_config(ctx: click.Context) -> None:
 @click.pass_context
 def migrate_store(ctx: click.Context) -> None:
     """Upgrade the durable store (durable_database_url) to this version's schema."""
-    from .errors import DurableError
-    from .store.engine import migrate, store_url
+    from celery_durable.errors import DurableError
+    from celery_durable.store.engine import migrate, store_url
 
     url = store_url(ctx.obj.app)
     try:
@@ -65,9 +65,9 @@ def relay(ctx: click.Context, batch_size: int | None, poll_interval: float | Non
     import logging
     import signal
 
-    from .config import DurableConfig
-    from .relay import Relay
-    from .worker.metrics_gauges import serve
+    from celery_durable.config import DurableConfig
+    from celery_durable.metrics.registry import serve
+    from celery_durable.outbox.relay import Relay
 
     app = ctx.obj.app
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s] %(name)s: %(message)s")

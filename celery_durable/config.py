@@ -13,8 +13,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import exc
 
-from .errors import ConfigInvalid
-from .store.schema import SUPPORTED_BACKENDS
+from celery_durable.errors import ConfigInvalid
+from celery_durable.store.schema import SUPPORTED_BACKENDS
 
 #: Slots a queue gets when ``durable_queue_concurrency`` does not name it.
 DEFAULT_QUEUE_SLOTS = 8

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from ..errors import InvariantBroken
+from celery_durable.errors import InvariantBroken
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy import event, exc
 from sqlalchemy.engine import Connection, Engine
 
-from ..errors import SchemaOutdated, StoreUnavailable
-from .schema import HEAD_REVISION, VERSION_TABLE
+from celery_durable.errors import SchemaOutdated, StoreUnavailable
+from celery_durable.store.schema import HEAD_REVISION, VERSION_TABLE
 
 #: Where the store lives when ``durable_database_url`` is not set: a file in the working directory.
 DEFAULT_URL = "sqlite:///durable.sqlite"

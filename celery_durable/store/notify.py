@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from .outbox import CHANNEL
+from celery_durable.store.outbox import CHANNEL
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .schema import outbox
+from celery_durable.store.schema import outbox
 
 #: The PostgreSQL channel a commit with outbox rows notifies; the relay LISTENs on it.
 CHANNEL = "durable_outbox"

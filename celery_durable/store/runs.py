@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from .schema import CANCELLED, DEAD, FAILED, RUNNING, SETTLED, SLEEPING, SUPPORTED_BACKENDS, runs
+from celery_durable.store.schema import CANCELLED, DEAD, FAILED, RUNNING, SETTLED, SLEEPING, SUPPORTED_BACKENDS, runs
 
 #: Longest rendered error kept on a run: a traceback-sized message must not bloat the row.
 MAX_ERROR_CHARS = 2000

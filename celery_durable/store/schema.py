@@ -70,7 +70,7 @@ outbox = sa.Table(
               autoincrement=True),
     sa.Column("task_id", sa.String(255), nullable=False, unique=True),
     sa.Column("task_name", sa.String(255), nullable=False),
-    # JSON text, encoded by celery_durable.outbox before the INSERT.
+    # JSON text, encoded by celery_durable.outbox.enqueue before the INSERT.
     sa.Column("args", sa.Text, nullable=False),
     sa.Column("kwargs", sa.Text, nullable=False),
     sa.Column("options", sa.Text, nullable=False),

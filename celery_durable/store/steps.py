@@ -5,9 +5,9 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..checkpoints import StepKey
-from .runs import now
-from .schema import steps
+from celery_durable.planning.checkpoints import StepKey
+from celery_durable.store.runs import now
+from celery_durable.store.schema import steps
 
 _insert = sa.insert(steps)
 

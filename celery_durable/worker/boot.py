@@ -10,9 +10,9 @@ from typing import Any
 
 from celery import concurrency, signals
 
-from ..config import DurableConfig, from_celery_conf
-from ..errors import ConfigInvalid
-from . import count_files
+from celery_durable.config import DurableConfig, from_celery_conf
+from celery_durable.errors import ConfigInvalid
+from celery_durable.metrics import count_files
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def register() -> None:
 def is_durable_pool(pool_cls: Any) -> bool:
     if isinstance(pool_cls, str):
         return pool_cls in (POOL_ALIAS, POOL_PATH, THREAD_POOL_PATH)
-    from .pool import DurablePoolMixin
+    from celery_durable.worker.pool import DurablePoolMixin
 
     return isinstance(pool_cls, type) and issubclass(pool_cls, DurablePoolMixin)
 
@@ -73,7 +73,7 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
     try:
         config = _validated_config(worker)
         if config.metrics_port is not None:
-            from .metrics_gauges import bind
+            from celery_durable.metrics.registry import bind
 
             # Bound here, not when the consumer starts: a port in use or a host that does
             # not resolve refuses the boot in one line like any other bad setting.

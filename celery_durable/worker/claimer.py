@@ -9,11 +9,11 @@ from typing import Any
 
 from kombu.messaging import Consumer as KombuConsumer
 
-from ..planning.claim_sweep import begin_sweep, next_ask, record, waitable_queues
-from .fetchers import Fetcher, fetcher_for
-from .parking import Parker, parker_for, undecodable
-from .process_cap import HeldRun, HeldRuns
-from .transport_guards import guard_channel
+from celery_durable.planning.claim_sweep import begin_sweep, next_ask, record, waitable_queues
+from celery_durable.worker.fetchers import Fetcher, fetcher_for
+from celery_durable.worker.parking import Parker, parker_for, undecodable
+from celery_durable.worker.process_cap import HeldRun, HeldRuns
+from celery_durable.worker.transport_guards import guard_channel
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class Claimer:
         schedule: Callable[[Callable[[], None]], None],
         stop_requested: Callable[[], bool] = lambda: False,
         before_pass: Callable[[], None] = lambda: None,
+        new_fetcher: Callable[[Any, Any], Fetcher] = fetcher_for,
     ) -> None:
         self._connection = connection
         self._queues = queues
@@ -77,6 +78,7 @@ class Claimer:
         self._schedule = schedule
         self._stop_requested = stop_requested
         self._before_pass = before_pass
+        self._new_fetcher = new_fetcher
         self.handler: Callable[[Any], Any] | None = None
         self.cursor: str | None = None
         self.running = False
@@ -100,7 +102,7 @@ class Claimer:
 
     def start(self) -> None:
         self._claim_channel = self._connection.channel()
-        self._fetcher = fetcher_for(self._claim_channel, self._accept)
+        self._fetcher = self._new_fetcher(self._claim_channel, self._accept)
         self._parker = parker_for(self._connection, self._claim_channel)
         self.running = True
         # The first pass (and the idle wait it arms) runs now, before the worker

@@ -6,10 +6,12 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from time import monotonic
 from typing import Any
 
-from .process_cap import HeldRun
+from celery_durable.config import DurableConfig
+from celery_durable.worker.process_cap import HeldRun, HeldRuns
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +29,13 @@ class Drain:
     child process is killed so the join returns.
     """
 
-    def __init__(self, consumer: Any) -> None:
-        self._consumer = consumer
+    def __init__(self, held: HeldRuns, config: DurableConfig, republish_connection: Callable[[], Any],
+                 *, clock: Callable[[], float] = monotonic) -> None:
+        self._held = held
+        self._config = config
+        #: A broker connection for writing (``app.connection_for_write``), used as a context manager.
+        self._republish_connection = republish_connection
+        self._clock = clock
         self._thread: threading.Thread | None = None
         self.handed_back: list[HeldRun] = []
 
@@ -43,16 +50,16 @@ class Drain:
             self._thread.join()
 
     def _watch(self) -> None:
-        held = self._consumer.held
-        deadline = monotonic() + self._consumer.durable_config.drain_timeout
+        held = self._held
+        deadline = self._clock() + self._config.drain_timeout
         logger.info("durable.drain.started held=%s", held.held())
-        while held.held() and monotonic() < deadline:
+        while held.held() and self._clock() < deadline:
             threading.Event().wait(_POLL_SECONDS)
         left = held.snapshot()
         if not left:
             logger.info("durable.drain.finished")
             return
-        if self._consumer.durable_config.execution == "threads":
+        if self._config.execution == "threads":
             # A thread cannot be stopped: handing back a run that is running
             # would run it twice. Only runs that have not started go back;
             # the pool then waits for the running ones, as stock Celery does.
@@ -90,12 +97,11 @@ class Drain:
                 pass
 
     def _republish(self, message: Any, queue: str) -> None:
-        app = self._consumer.app
         delivery = message.delivery_info or {}
         properties = dict(message.properties or {})
         properties.pop("delivery_tag", None)
         properties.pop("delivery_info", None)
-        with app.connection_for_write() as connection:
+        with self._republish_connection() as connection:
             connection.Producer().publish(
                 message.body,
                 exchange=delivery.get("exchange", ""),

@@ -9,8 +9,8 @@ from typing import Any, Protocol
 from kombu.serialization import prepare_accept_content
 from kombu.transport import virtual
 
-from .parking import envelope, log_parked, park_redis_items, parked_name
-from .transport_guards import guard_channel
+from celery_durable.worker.parking import envelope, log_parked, park_redis_items, parked_name
+from celery_durable.worker.transport_guards import guard_channel
 
 
 class Fetcher(Protocol):

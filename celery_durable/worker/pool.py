@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from celery.concurrency.prefork import TaskPool as PreforkTaskPool
 from celery.concurrency.thread import TaskPool as ThreadTaskPool
 
-from .child_reaping import ReapingAsynPool
+from celery_durable.worker.child_reaping import ReapingAsynPool
 
 
 class RunListener(Protocol):

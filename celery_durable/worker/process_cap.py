@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvariantBroken
+from celery_durable.errors import InvariantBroken
 
 
 @dataclass

@@ -37,7 +37,7 @@ class OutboxRelay(bootsteps.StartStopStep):
         config = getattr(c, "durable_config", None)
         if config is None or not config.relay or self.thread is not None:
             return
-        from ..relay import Relay
+        from celery_durable.outbox.relay import Relay
 
         self.relay = Relay(c.app, batch_size=config.relay_batch_size,
                            poll_interval=config.relay_poll_interval, retention=config.outbox_retention)

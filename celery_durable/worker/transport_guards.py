@@ -22,7 +22,7 @@ from typing import Any
 
 from kombu.utils.encoding import bytes_to_str
 
-from .parking import envelope, log_parked, park_redis_items, parked_name
+from celery_durable.worker.parking import envelope, log_parked, park_redis_items, parked_name
 
 
 def guard_channel(channel: Any) -> Any:

@@ -6,7 +6,7 @@ import pytest
 from celery import Celery
 
 import celery_durable
-from celery_durable import runs as durable_runs
+from celery_durable.tasks import runs as durable_runs
 from tests.e2e.durable_support import (  # noqa: F401 - durable_scenario is a fixture
     APP,
     conf,

@@ -25,7 +25,7 @@ from celery import Celery
 from sqlalchemy.orm import Session
 
 from celery_durable import outbox
-from celery_durable.relay import Relay
+from celery_durable.outbox.relay import Relay
 from celery_durable.store.engine import ensure_schema
 from tests.e2e.durableapp import EFFECTS_DDL
 from tests.e2e.harness import REPO, Scenario, wait_for

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from celery_durable import runs as durable_runs
+from celery_durable.tasks import runs as durable_runs
 from tests.e2e.durable_support import (  # noqa: F401 - durable_scenario is a fixture
     APP,
     conf,

@@ -15,11 +15,12 @@ import sqlalchemy as sa
 from celery import Celery
 
 import celery_durable
-from celery_durable import faults, metrics
-from celery_durable import runs as durable_runs
+from celery_durable import faults
 from celery_durable.errors import NotJSON, RunNotDead, SchemaOutdated, StoreUnavailable
+from celery_durable.metrics import jobs as metrics
 from celery_durable.store.engine import engine_for
 from celery_durable.store.schema import VERSION_TABLE
+from celery_durable.tasks import runs as durable_runs
 from tests.e2e.harness import wait_for
 from tests.services import REDIS_URL, redis_problem, require
 
@@ -302,7 +303,7 @@ def test_a_schema_older_than_the_code_is_refused_with_the_migrate_command(store_
 def test_a_cancel_settles_a_run_once_and_wins_over_a_later_outcome(store_url):
     from celery.app.task import Context
 
-    from celery_durable.revocation import cancel_revoked
+    from celery_durable.tasks.revocation import cancel_revoked
 
     app = make_app(store_url)
     settled: list[Any] = []

@@ -17,8 +17,8 @@ from kombu import Connection
 from sqlalchemy.orm import Session
 
 from celery_durable import OutboxDatabaseMismatch, OutboxInvalid, outbox
-from celery_durable.outbox_metrics import REGISTRY, watch
-from celery_durable.relay import Relay
+from celery_durable.metrics.outbox import REGISTRY, watch
+from celery_durable.outbox.relay import Relay
 from celery_durable.store import outbox as store
 from celery_durable.store.engine import autocommit, ensure_schema
 from tests.e2e.harness import wait_for

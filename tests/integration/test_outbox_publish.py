@@ -16,9 +16,9 @@ from celery import Celery
 from kombu import Connection, Exchange, Queue
 
 from celery_durable import outbox
-from celery_durable.publishing import amqp_confirms, redis_pipeline
-from celery_durable.publishing.batch import BatchPublished, publish_batch, publish_one_by_one
-from celery_durable.relay import Relay
+from celery_durable.outbox.publishing import amqp_confirms, redis_pipeline
+from celery_durable.outbox.publishing.batch import BatchPublished, publish_batch, publish_one_by_one
+from celery_durable.outbox.relay import Relay
 from celery_durable.store import outbox as store
 from celery_durable.store.outbox import OutboxRow
 from tests.faultproxy import FaultProxy

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from celery import Celery
 
 from celery_durable import outbox
-from celery_durable.relay import Relay
+from celery_durable.outbox.relay import Relay
 from tests.e2e.harness import wait_for
 from tests.faultproxy import FaultProxy
 from tests.integration.test_outbox import drain_ids, make_app, outbox_row

@@ -7,7 +7,7 @@ import time
 import pytest
 from sqlalchemy.engine import Connection
 
-from celery_durable.lease_keeper import LeaseKeeper
+from celery_durable.leases.keeper import LeaseKeeper
 from celery_durable.store import runs
 from celery_durable.store.engine import autocommit, ensure_schema
 from tests.e2e.harness import wait_for

@@ -8,16 +8,6 @@ import pytest
 from celery import Celery
 
 import celery_durable
-from celery_durable.checkpoints import (
-    MAX_RUN_ID,
-    MAX_STEP_NAME,
-    Ledger,
-    StepKey,
-    check_run_id,
-    check_step_name,
-    encode,
-    to_json,
-)
 from celery_durable.errors import (
     DurableError,
     NotDurable,
@@ -28,6 +18,16 @@ from celery_durable.errors import (
     SchemaOutdated,
     StepNameInvalid,
     StoreUnavailable,
+)
+from celery_durable.planning.checkpoints import (
+    MAX_RUN_ID,
+    MAX_STEP_NAME,
+    Ledger,
+    StepKey,
+    check_run_id,
+    check_step_name,
+    encode,
+    to_json,
 )
 
 
@@ -95,7 +95,7 @@ def test_a_bad_step_name_is_refused_by_the_plain_step_function_before_the_missin
 
 
 def test_step_name_invalid_is_final_so_the_run_is_buried_without_a_retry():
-    from celery_durable.durable import FINAL_ERRORS
+    from celery_durable.tasks.durable import FINAL_ERRORS
 
     assert StepNameInvalid in FINAL_ERRORS
 

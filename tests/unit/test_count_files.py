@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from celery_durable import metrics
-from celery_durable.worker import count_files
+from celery_durable.metrics import count_files
+from celery_durable.metrics import jobs as metrics
 
 QUEUE = "count-files-q"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from celery_durable.publishing.redis_pipeline import coalesce_pushes
+from celery_durable.outbox.publishing.redis_pipeline import coalesce_pushes
 
 
 def test_consecutive_pushes_to_one_list_become_one_push_in_the_same_order() -> None:

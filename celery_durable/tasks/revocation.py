@@ -15,12 +15,12 @@ from typing import Any
 
 from celery import signals
 
-from . import metrics
-from .checkpoints import encode
-from .errors import NotJSON
-from .execution import call_hook
-from .store import runs
-from .store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
+from celery_durable.errors import NotJSON
+from celery_durable.metrics import jobs as metrics
+from celery_durable.planning.checkpoints import encode
+from celery_durable.store import runs
+from celery_durable.store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
+from celery_durable.tasks.execution import call_hook
 
 logger = logging.getLogger("celery_durable.run")
 
@@ -31,7 +31,7 @@ def connect() -> None:
 
 def on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = False, signum: Any = None,
                     expired: bool = False, **_: Any) -> None:
-    from .durable import DurableTask
+    from celery_durable.tasks.durable import DurableTask
 
     # ``request`` is the task's Context (Request._announce_revoked sends ``self._context``).
     if not isinstance(sender, DurableTask) or request is None or not getattr(request, "id", None):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import RunNotDead, RunNotFound
-from .store import runs as store_runs
-from .store.engine import ensure_schema, store_url, unavailable_as_error
-from .store.runs import Run
+from celery_durable.errors import RunNotDead, RunNotFound
+from celery_durable.store import runs as store_runs
+from celery_durable.store.engine import ensure_schema, store_url, unavailable_as_error
+from celery_durable.store.runs import Run
 
 
 def _app(app: Any) -> Any:

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..store.outbox import OutboxRow
-from .batch import BatchPublished, Now
-from .task_message import Captured, RowSender
+from celery_durable.outbox.publishing.batch import BatchPublished, Now
+from celery_durable.outbox.publishing.task_message import Captured, RowSender
+from celery_durable.store.outbox import OutboxRow
 
 #: (command name, arguments) as kombu's Redis channel hands them to a pipeline.
 Command = tuple[str, tuple[Any, ...]]

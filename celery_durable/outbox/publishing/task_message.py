@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..store.outbox import OutboxRow
+from celery_durable.store.outbox import OutboxRow
 
 #: Kombu's own retry inside one publish: enough to ride over a stale pooled
 #: connection after a broker restart, short enough that a down broker fails the

@@ -8,9 +8,9 @@ import threading
 import uuid
 from time import monotonic
 
-from . import store_outage as outage
-from .store import runs
-from .store.engine import autocommit, engine_for, unavailable_as_error
+from celery_durable.store import runs
+from celery_durable.store.engine import autocommit, engine_for, unavailable_as_error
+from celery_durable.tasks import store_outage as outage
 
 logger = logging.getLogger("celery_durable.run")
 

@@ -12,9 +12,9 @@ import sqlalchemy as sa
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 
-from .store import outbox as store
-from .store.engine import autocommit, ensure_schema, store_exists
-from .worker.metrics_gauges import REGISTRY
+from celery_durable.metrics.registry import REGISTRY
+from celery_durable.store import outbox as store
+from celery_durable.store.engine import autocommit, ensure_schema, store_exists
 
 logger = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from celery import Task
 
-from .context import current
-from .errors import NotDurable, NotJSON, RunExhausted, RunIdInvalid, SchemaOutdated, StepNameInvalid
-from .execution import execute
+from celery_durable.errors import NotDurable, NotJSON, RunExhausted, RunIdInvalid, SchemaOutdated, StepNameInvalid
+from celery_durable.tasks.context import current
+from celery_durable.tasks.execution import execute
 
 #: Errors no retry can fix: they bury the run at once instead of burning its retries.
 FINAL_ERRORS: tuple[type[BaseException], ...] = (

@@ -20,19 +20,19 @@ from typing import Any
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from . import metrics
-from . import store_outage as outage
-from .checkpoints import Ledger, check_run_id, encode, from_json
-from .config import lease_ttl
-from .context import RunContext, _current
-from .errors import NotDurable, RunExhausted, RunIdInvalid, StoreUnavailable
-from .lease_keeper import keeper, new_token
-from .planning import run_admission
-from .planning.run_admission import BURY, DUPLICATE, RUN, RowView
-from .store import runs, steps
-from .store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
-from .store.runs import Run
-from .store.schema import DEAD, FAILED, SETTLED, SLEEPING, SUCCEEDED
+from celery_durable.config import lease_ttl
+from celery_durable.errors import NotDurable, RunExhausted, RunIdInvalid, StoreUnavailable
+from celery_durable.leases.keeper import keeper, new_token
+from celery_durable.metrics import jobs as metrics
+from celery_durable.planning import run_admission
+from celery_durable.planning.checkpoints import Ledger, check_run_id, encode, from_json
+from celery_durable.planning.run_admission import BURY, DUPLICATE, RUN, RowView
+from celery_durable.store import runs, steps
+from celery_durable.store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
+from celery_durable.store.runs import Run
+from celery_durable.store.schema import DEAD, FAILED, SETTLED, SLEEPING, SUCCEEDED
+from celery_durable.tasks import store_outage as outage
+from celery_durable.tasks.context import RunContext, _current
 
 logger = logging.getLogger("celery_durable.run")
 

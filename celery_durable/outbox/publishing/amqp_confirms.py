@@ -14,9 +14,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..store.outbox import OutboxRow
-from .batch import BatchPublished, Now
-from .task_message import Captured, RowSender
+from celery_durable.outbox.publishing.batch import BatchPublished, Now
+from celery_durable.outbox.publishing.task_message import Captured, RowSender
+from celery_durable.store.outbox import OutboxRow
 
 #: Seconds to wait for the acks of one batch; RabbitMQ confirms hundreds of messages in milliseconds.
 CONFIRM_TIMEOUT = 10.0

@@ -4,7 +4,7 @@ A run is counted in the process that settled it: the pool child that ran it
 under prefork, the worker process under threads or solo (and for a revoke,
 which Celery announces in the worker process). Each process keeps its own
 table; while its worker shares a count directory (``-P durable`` makes one
-before its pool forks, see :mod:`celery_durable.worker.count_files`) it also
+before its pool forks, see :mod:`celery_durable.metrics.count_files`) it also
 writes the table to its file there, and a scrape sums its own table with every
 other process's file. So the worker's ``durable_metrics_port`` endpoint shows
 the whole worker's counts under prefork, threads and solo alike.
@@ -19,10 +19,10 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily
 
-from .worker import count_files
+from celery_durable.metrics import count_files
 
 # The registry the worker already serves: one endpoint for every celery_durable metric.
-from .worker.metrics_gauges import REGISTRY
+from celery_durable.metrics.registry import REGISTRY
 
 OUTCOMES = ("succeeded", "failed", "dead_lettered", "cancelled", "duplicate")
 

@@ -13,13 +13,13 @@ from typing import Any
 from celery.exceptions import Ignore
 from sqlalchemy.engine import Connection, Engine
 
-from . import faults
-from . import store_outage as outage
-from .checkpoints import Ledger, check_step_name, to_json
-from .errors import NotDurable, StoreUnavailable
-from .store import runs, steps
-from .store.engine import autocommit, unavailable_as_error
-from .store.runs import Run
+from celery_durable import faults
+from celery_durable.errors import NotDurable, StoreUnavailable
+from celery_durable.planning.checkpoints import Ledger, check_step_name, to_json
+from celery_durable.store import runs, steps
+from celery_durable.store.engine import autocommit, unavailable_as_error
+from celery_durable.store.runs import Run
+from celery_durable.tasks import store_outage as outage
 
 logger = logging.getLogger("celery_durable.run")
 
@@ -123,7 +123,7 @@ class RunContext:
                         self.run.id, remaining,
                         extra={"event": "durable.sleep.eager", "run_id": self.run.id, "step": name})
             return
-        from .execution import RESUME_HEADER
+        from celery_durable.tasks.execution import RESUME_HEADER
 
         # Same id, args and retries count: the sleep does not burn an attempt.
         # The wake-up carries this attempt's lease token: it alone resumes the

@@ -6,7 +6,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .store.engine import ensure_schema
+from celery_durable.store.engine import ensure_schema
 
 #: Seconds a broker check may take to connect before it counts as "still down".
 BROKER_PROBE_TIMEOUT = 2.0

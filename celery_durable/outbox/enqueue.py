@@ -13,11 +13,11 @@ from celery.utils.saferepr import saferepr
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from .checkpoints import encode
-from .errors import NotJSON, OutboxDatabaseMismatch, OutboxInvalid
-from .planning.outbox import OptionInvalid, chain_step_options, serialize_options
-from .store import outbox as store
-from .store.engine import ensure_schema_in, resolve_url, store_url
+from celery_durable.errors import NotJSON, OutboxDatabaseMismatch, OutboxInvalid
+from celery_durable.planning.checkpoints import encode
+from celery_durable.planning.outbox import OptionInvalid, chain_step_options, serialize_options
+from celery_durable.store import outbox as store
+from celery_durable.store.engine import ensure_schema_in, resolve_url, store_url
 
 __all__ = ["enqueue"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .batch import BatchPublished, publish_batch
-from .task_message import Captured, RowSender
+from celery_durable.outbox.publishing.batch import BatchPublished, publish_batch
+from celery_durable.outbox.publishing.task_message import Captured, RowSender
 
 __all__ = ["BatchPublished", "Captured", "RowSender", "publish_batch"]

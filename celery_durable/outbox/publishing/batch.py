@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..store.outbox import OutboxRow
-from .task_message import RowSender
+from celery_durable.outbox.publishing.task_message import RowSender
+from celery_durable.store.outbox import OutboxRow
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def publish_batch(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) 
 
 
 def _publish(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> BatchPublished:
-    from . import amqp_confirms, redis_pipeline
+    from celery_durable.outbox.publishing import amqp_confirms, redis_pipeline
 
     transport = producer.connection.transport
     if redis_pipeline.handles(transport, producer):

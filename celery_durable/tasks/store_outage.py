@@ -16,7 +16,7 @@ import threading
 
 from sqlalchemy.engine import make_url
 
-from .worker import count_files
+from celery_durable.metrics import count_files
 
 logger = logging.getLogger("celery_durable.store")
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import NotJSON, RunIdInvalid, StepNameInvalid
+from celery_durable.errors import NotJSON, RunIdInvalid, StepNameInvalid
 
 #: Longest step name the steps table holds (``durable_steps.name`` is VARCHAR(200)).
 MAX_STEP_NAME = 200

@@ -13,8 +13,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import faults, outbox_metrics
-from .planning.outbox import (
+from celery_durable import faults
+from celery_durable.metrics import outbox as outbox_metrics
+from celery_durable.outbox.publishing import publish_batch
+from celery_durable.outbox.relay_probe import broker_problem, store_problem
+from celery_durable.planning.outbox import (
     BACKOFF_JITTER,
     FLAG_AFTER,
     PROBE_EVERY,
@@ -23,18 +26,16 @@ from .planning.outbox import (
     probe_after,
     settle_batch,
 )
-from .publishing import publish_batch
-from .relay_probe import broker_problem, store_problem
-from .store import outbox as store
-from .store.engine import (
+from celery_durable.store import outbox as store
+from celery_durable.store.engine import (
     ensure_schema,
     resolve_url,
     store_exists,
     store_url,
     unavailable_as_error,
 )
-from .store.notify import Waker
-from .store.runs import render_error
+from celery_durable.store.notify import Waker
+from celery_durable.store.runs import render_error
 
 logger = logging.getLogger(__name__)
 

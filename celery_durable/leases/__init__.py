@@ -1,0 +1,1 @@
+"""Leases held in the durable store while a run is live: one heartbeat per process renews them all."""

@@ -1,0 +1,1 @@
+"""``@app.durable_task``: the decorator, its execution, the step context, revocation and operator actions on runs."""

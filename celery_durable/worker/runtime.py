@@ -1,0 +1,233 @@
+"""WorkerRuntime: the claim loop's state — held runs, due ETA runs, the claimer, its timers, the drain.
+
+A plain object: it takes its config, its clock and how it fetches in its
+constructor, and knows nothing of Celery's consumer. ``DurableConsumer`` is
+the thin adapter Celery calls; it forwards each host event (a request made, a
+run pooled or finished, a revoke, a lost connection) here. So the rules that
+keep the count exact run in unit tests on kombu's in-memory transport.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from time import monotonic
+from typing import Any
+
+from celery_durable.config import DurableConfig
+from celery_durable.planning.claim_sweep import capacity
+from celery_durable.worker.claimer import Claimer
+from celery_durable.worker.drain import Drain
+from celery_durable.worker.fetchers import Fetcher, fetcher_for
+from celery_durable.worker.process_cap import HeldRuns
+from celery_durable.worker.redis_restore import RedisRestorer
+
+logger = logging.getLogger(__name__)
+
+#: A callable and how often (seconds) the loop calls it.
+Timer = tuple[float, Callable[[], Any]]
+
+
+class WorkerRuntime:
+    """One ``-P durable`` worker's claim state; every count taken is given back exactly once."""
+
+    def __init__(
+        self,
+        config: DurableConfig,
+        *,
+        queues: Sequence[str],
+        pool_limit: int,
+        republish_connection: Callable[[], Any],
+        clock: Callable[[], float] = monotonic,
+        stop_requested: Callable[[], bool] = lambda: False,
+        new_fetcher: Callable[[Any, Any], Fetcher] = fetcher_for,
+    ) -> None:
+        self.config = config
+        slots = {queue: config.slots_for(queue) for queue in queues}
+        self._capacity = capacity(config.max_in_flight, pool_limit, list(slots.values()))
+        self.pool_limit = pool_limit
+        self.held = HeldRuns(self._capacity, slots, config.max_scheduled)
+        self.drain = Drain(self.held, config, republish_connection, clock=clock)
+        self.claimer: Claimer | None = None
+        #: The timers of the current claimer; the adapter puts them on Celery's hub when it has one.
+        self.timers: list[Timer] = []
+        self._clock = clock
+        self._stop_requested = stop_requested
+        self._new_fetcher = new_fetcher
+        #: ETA runs that fell due while the worker was full: admitted first at the next pass.
+        self._due: deque[tuple[Any, Callable[[], None]]] = deque()
+        #: Without a hub: kicks queued from any thread, and when each timer is next due.
+        self._scheduled: list[Callable[[], None]] = []
+        self._timer_due: list[float] = []
+
+    # -- the gauges' view (metrics.worker_gauges.LiveWorker) -------------------------------
+    def in_flight(self) -> int:
+        return self.held.held()
+
+    def capacity(self) -> int:
+        return self._capacity
+
+    # -- the claimer, one per connection ---------------------------------------
+    def new_claimer(
+        self,
+        connection: Any,
+        *,
+        queues: Callable[[], Sequence[Any]],
+        accept: Any,
+        schedule: Callable[[Callable[[], None]], None] | None = None,
+    ) -> Claimer:
+        """A claimer for ``connection`` (closing the last one), and its timers in ``self.timers``.
+
+        ``schedule`` runs a callable soon on the loop thread (Celery's
+        ``hub.call_soon``); without one, kicks wait for :meth:`run_scheduled`.
+        """
+        if self.claimer is not None:
+            self.claimer.close()
+        logger.info(
+            "durable.worker.capacity capacity=%s max_in_flight=%s pool=%s queue_slots=%s",
+            self._capacity, self.config.max_in_flight, self.pool_limit, self.held.free_slots(),
+            extra={"capacity": self._capacity, "max_in_flight": self.config.max_in_flight},
+        )
+        claimer = Claimer(
+            connection=connection,
+            queues=queues,
+            held=self.held,
+            accept=accept,
+            schedule=schedule if schedule is not None else self._scheduled.append,
+            stop_requested=self._stop_requested,
+            before_pass=self.admit_due,
+            new_fetcher=self._new_fetcher,
+        )
+        self.claimer = claimer
+        timers: list[Timer] = [(self.config.safety_interval, claimer.kick)]
+        restorer = RedisRestorer.for_connection(connection, self.config.restore_interval)
+        if restorer is not None:
+            timers.append((restorer.interval, restorer.restore))
+            timers.append((restorer.renew_interval, lambda: restorer.renew(self.held_messages())))
+        self.timers = timers
+        self._timer_due = [0.0 for _ in timers]
+        return claimer
+
+    def kick(self) -> None:
+        if self.claimer is not None:
+            self.claimer.kick()
+
+    def run_scheduled(self) -> None:
+        """Without a hub: run the kicks queued from other threads, then the timers that are due."""
+        while self._scheduled:
+            self._scheduled.pop(0)()
+        now = self._clock()
+        for index, (interval, fn) in enumerate(self.timers):
+            if now >= self._timer_due[index]:
+                self._timer_due[index] = now + interval
+                fn()
+
+    def held_messages(self) -> list[Any]:
+        """Every message this worker holds: running, waiting for a slot, or waiting for its ETA."""
+        return [run.message for run in self.held.snapshot()]
+
+    # -- ETA runs: counted while they wait, given a slot when due -----------------------
+    def when_admitted(self, request: Any, go: Callable[[], None]) -> None:
+        """Start ``request`` (``go``) when it fits; called when its ETA passes."""
+        if self.held.try_admit(request.message):
+            go()
+        else:
+            self._due.append((request, go))
+
+    def admit_due(self) -> None:
+        """Start the due runs that now fit, in the order they fell due (before any new claim)."""
+        for _ in range(len(self._due)):
+            request, go = self._due.popleft()
+            if self.held.try_admit(request.message):
+                go()
+            else:
+                self._due.append((request, go))
+
+    # -- counting: what the strategy, the pool and the revoke signal tell -----------------
+    def request_made(self, request: Any) -> None:
+        """Celery's strategy made ``request`` for the message being admitted."""
+        if self.claimer is not None:
+            self.claimer.bind_request(request)
+
+    def request_revoked(self, context: Any) -> None:
+        """A revoke of the task whose Context is ``context``.
+
+        A request revoked before the pool got it (its ETA fired, its rate-limit
+        token came, or it was discarded before the pool) has no other way back;
+        one the pool has is given back by the pool's callback; one the strategy
+        discarded before binding is given back by the claimer.
+        """
+        run = self.held.find_revoked(context)
+        if run is not None and not run.in_pool:
+            self.run_finished(run.request)
+
+    def settle_dropped(self, message: Any) -> None:
+        """Give back the count of a request the strategy settled itself, after binding it.
+
+        Celery's strategy makes the request (binding it to its count) before it
+        routes it; when it then cannot schedule it (an ETA that overflows the
+        system time zone) it rejects the message and returns: no pool callback
+        and no revoke will ever come. A request still held once the strategy
+        returned is waiting for its ETA or a rate-limit token, or is in the
+        pool; one already acknowledged or rejected and not in the pool is done.
+        """
+        run = self.held.find(message)
+        if run is None or run.request is None or run.in_pool:
+            return
+        if getattr(run.request, "acknowledged", False):
+            self.run_finished(run.request)
+
+    def run_pooled(self, request: Any) -> None:
+        run = self.held.find(request.message)
+        if run is not None:
+            run.in_pool = True
+
+    def run_finished(self, request: Any) -> None:
+        if self.held.give_back(request.message) is not None:
+            self.kick()
+
+    def is_handed_back(self, request: Any) -> bool:
+        run = self.held.find(request.message)
+        return bool(run is not None and run.handed_back)
+
+    # -- queues, connection, shutdown ------------------------------------------------
+    def add_queue(self, queue: str) -> None:
+        self.held.set_queue(queue, self.config.slots_for(queue))
+        logger.info("durable.queue.added queue=%s", queue)
+        self.kick()
+
+    def connection_lost(self) -> None:
+        """The broker connection is gone: every held message is the broker's again.
+
+        Runs not in the pool yet (ETA-waiting, rate-limited) are dropped by
+        Celery and delivered again, so their counts go (or a reconnected worker
+        would stay full of runs that never end). Runs in the pool go on, but
+        their late ack must not be sent: on Redis it reaches a closed channel
+        whose pool is gone and kills the worker (kombu raises AttributeError,
+        not a connection error). Their copy is a duplicate the run's lease handles.
+        """
+        self._due.clear()
+        for run in self.held.snapshot():
+            if not run.in_pool:
+                self.held.give_back(run.message)
+            elif run.request is not None:
+                run.request.acknowledged = True
+
+    def stop(self) -> None:
+        if self.claimer is not None:
+            self.claimer.stop()
+
+    def stats(self) -> dict[str, Any]:
+        """The ``durable`` section of ``celery inspect stats``."""
+        config = self.config
+        return {
+            "in_flight": self.held.held(),
+            "scheduled": self.held.scheduled(),
+            "max_in_flight": config.max_in_flight,
+            "capacity": self._capacity,
+            "pool_size": self.pool_limit,
+            "held_by_queue": self.held.held_by_queue(),
+            "queue_slots": {q: config.slots_for(q) for q in self.held.queues()},
+            "claim_passes": self.claimer.passes if self.claimer is not None else 0,
+        }
