@@ -121,3 +121,9 @@ class OutboxDatabaseMismatch(DurableError):
     """
 
     code = "durable.outbox.database_mismatch"
+
+
+class HostIncompatible(DurableError):
+    """The installed Celery, kombu, billiard or py-amqp lacks an internal ``-P durable`` relies on."""
+
+    code = "durable.host.incompatible"

@@ -8,11 +8,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
-from celery.canvas import Signature, _chain, _chord, chain, group, maybe_signature, maybe_unroll_group
+from celery.canvas import Signature, group, maybe_signature, maybe_unroll_group
 from celery.utils.saferepr import saferepr
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
+from celery_durable.compat.canvas import chain_uses_links, is_chain, is_chord, merged_call, prepare_chain_steps
 from celery_durable.errors import NotJSON, OutboxDatabaseMismatch, OutboxInvalid
 from celery_durable.planning.checkpoints import encode
 from celery_durable.planning.outbox import OptionInvalid, chain_step_options, serialize_options
@@ -45,7 +46,7 @@ def enqueue(session_or_connection: Session | Connection, signature: Signature, *
     returned result is the last step's, its ``.parent`` links leading to the first.
     Groups, chords and link/link_error callbacks are refused.
     """
-    if type(signature) in (_chain, chain):
+    if is_chain(signature):
         return _enqueue_chain(session_or_connection, signature, options)
     if type(signature) is not Signature:
         # group/chord create task ids of their own at publish: a
@@ -99,7 +100,7 @@ def _enqueue_chain(session_or_connection: Session | Connection, sig: Signature, 
         if merged.get(key):
             raise OutboxInvalid(f"outbox.enqueue(chain): {key} callbacks cannot be stored in the outbox "
                                 f"(a republish would start them again under new ids); it takes {_SUPPORTED}")
-    use_link = sig._use_link
+    use_link = chain_uses_links(sig)
     if use_link or (use_link is None and app.conf.task_protocol == 1):
         raise OutboxInvalid("outbox.enqueue(chain) needs task protocol 2: protocol 1 links the steps with "
                             "callbacks, which a republish would start again under new ids")
@@ -109,16 +110,14 @@ def _enqueue_chain(session_or_connection: Session | Connection, sig: Signature, 
     for key in ("group_id", "group_index", "chord", "root_id", "parent_id", "producer", "publisher",
                 "link", "link_error"):
         merged.pop(key, None)
-    steps, results = sig.prepare_steps(sig.args, {}, sig.tasks, None, None, None, app,
-                                       last_task_id, None, None, group_index=None)
+    steps, results = prepare_chain_steps(sig, app, last_task_id)
     for step in steps:
         if type(step) is not Signature:  # pragma: no cover - _refuse_canvas_steps saw them first
             raise OutboxInvalid(f"outbox.enqueue takes {_SUPPORTED}: a chain step is a "
                                 f"{type(step).__name__}")
     first = steps.pop()
     # Signature.apply_async: the chain's options over the first step's own (group_id kept).
-    args, kwargs, first_options = first._merge((), {}, merged)
-    first_options = dict(first_options)
+    args, kwargs, first_options = merged_call(first, merged)
     for key in ("link", "link_error"):
         if first_options.get(key):
             raise OutboxInvalid(f"outbox.enqueue({first.task}): {key} callbacks cannot be stored in the "
@@ -139,10 +138,10 @@ def _refuse_canvas_steps(sig: Signature) -> None:
         raise OutboxInvalid(f"outbox.enqueue takes {_SUPPORTED}, not an empty chain")
     while pending:
         step = maybe_signature(pending.pop(0), app=sig.app)
-        if isinstance(step, group) and not isinstance(step, _chord):
+        if isinstance(step, group) and not is_chord(step):
             # A group of one is that task (Celery unrolls it); anything else runs in parallel.
             step = maybe_unroll_group(step)
-        if type(step) in (_chain, chain):
+        if is_chain(step):
             pending[:0] = list(step.tasks or ())
             continue
         if type(step) is not Signature:

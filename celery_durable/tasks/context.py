@@ -20,6 +20,7 @@ from celery_durable.store import runs, steps
 from celery_durable.store.engine import autocommit, unavailable_as_error
 from celery_durable.store.runs import Run
 from celery_durable.tasks import store_outage as outage
+from celery_durable.tasks.headers import RESUME_HEADER
 
 logger = logging.getLogger("celery_durable.run")
 
@@ -123,7 +124,6 @@ class RunContext:
                         self.run.id, remaining,
                         extra={"event": "durable.sleep.eager", "run_id": self.run.id, "step": name})
             return
-        from celery_durable.tasks.execution import RESUME_HEADER
 
         # Same id, args and retries count: the sleep does not burn an attempt.
         # The wake-up carries this attempt's lease token: it alone resumes the

@@ -33,14 +33,10 @@ from celery_durable.store.runs import Run
 from celery_durable.store.schema import DEAD, FAILED, SETTLED, SLEEPING, SUCCEEDED
 from celery_durable.tasks import store_outage as outage
 from celery_durable.tasks.context import RunContext, _current
+from celery_durable.tasks.headers import RESUME_HEADER, STORE_WAITS_HEADER
 
 logger = logging.getLogger("celery_durable.run")
 
-#: The message header naming the lease token a run was handed to (a wake-up, a re-send after a
-#: store outage): that delivery may take the run over at once, and does not count as a lost attempt.
-RESUME_HEADER = "durable_resume"
-#: The message header counting how many times a delivery already waited for the store.
-STORE_WAITS_HEADER = "durable_store_waits"
 
 
 def will_retry(task: Any, exc: BaseException) -> bool:

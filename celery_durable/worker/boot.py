@@ -5,13 +5,15 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import sys
+import weakref
 from typing import Any
 
-from celery import concurrency, signals
+from celery import signals
 
+from celery_durable.compat.host_check import check_host
+from celery_durable.compat.pool_alias import register_pool_alias
 from celery_durable.config import DurableConfig, from_celery_conf
-from celery_durable.errors import ConfigInvalid
+from celery_durable.errors import ConfigInvalid, HostIncompatible
 from celery_durable.metrics import count_files
 
 logger = logging.getLogger(__name__)
@@ -23,6 +25,16 @@ CONSUMER_PATH = "celery_durable.worker.consumer:DurableConsumer"
 
 _registered = False
 
+# What boot learned about each worker, kept here rather than as attributes set
+# on Celery's WorkController (which Celery does not promise to leave alone).
+_concurrency_given: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_configs: weakref.WeakKeyDictionary[Any, DurableConfig] = weakref.WeakKeyDictionary()
+
+
+def config_for(worker: Any) -> DurableConfig:
+    """The validated config of a ``-P durable`` worker (its WorkController), set at ``worker_init``."""
+    return _configs[worker]
+
 
 def register() -> None:
     """Make ``-P durable`` and ``worker_pool = "durable"`` resolve to the durable pool.
@@ -33,15 +45,7 @@ def register() -> None:
     command, so the alias is added there too.
     """
     global _registered
-    current = concurrency.ALIASES.get(POOL_ALIAS)
-    if current not in (None, POOL_PATH):
-        logger.warning("durable.boot.alias_conflict: pool alias %r was %r; replacing it", POOL_ALIAS, current)
-    concurrency.ALIASES[POOL_ALIAS] = POOL_PATH
-    worker_cli = sys.modules.get("celery.bin.worker")
-    if worker_cli is not None:
-        choices = tuple(worker_cli.WORKERS_POOL.choices)
-        if POOL_ALIAS not in choices:
-            worker_cli.WORKERS_POOL.choices = (*choices, POOL_ALIAS)
+    register_pool_alias(POOL_ALIAS, POOL_PATH)
     if _registered:
         return
     signals.celeryd_init.connect(_remember_concurrency_given, weak=False, dispatch_uid="celery_durable.celeryd_init")
@@ -63,13 +67,18 @@ def _remember_concurrency_given(sender: Any = None, instance: Any = None, conf: 
     # only here can we still tell whether the user chose the pool size.
     if instance is not None:
         given = (options or {}).get("concurrency") or (conf or {}).get("worker_concurrency")
-        instance._durable_concurrency_given = bool(given)
+        _concurrency_given[instance] = bool(given)
 
 
 def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
     worker = sender
     if worker is None or not is_durable_pool(worker.pool_cls):
         return
+    try:
+        check_host()
+    except HostIncompatible as err:
+        logger.error("durable.host.incompatible: %s", err)
+        raise SystemExit(f"celery_durable: refusing to start: {err}") from None
     try:
         config = _validated_config(worker)
         if config.metrics_port is not None:
@@ -82,12 +91,12 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
         # One clear line, no traceback wall: the worker refuses to boot.
         logger.error("durable.config.invalid: %s", err)
         raise SystemExit(f"celery_durable: refusing to start: {err}") from None
-    worker.durable_config = config
+    _configs[worker] = config
     worker.pool_cls = THREAD_POOL_PATH if config.execution == "threads" else POOL_PATH
     if config.execution == "prefork":
         _share_counts(worker)
     worker.consumer_cls = CONSUMER_PATH
-    if not getattr(worker, "_durable_concurrency_given", True):
+    if not _concurrency_given.get(worker, True):
         consumed = list(worker.app.amqp.queues.consume_from)
         slots_sum = sum(config.slots_for(q) for q in consumed)
         if config.max_in_flight is not None:
@@ -107,7 +116,6 @@ def _share_counts(worker: Any) -> None:
     # worker_init comes before the pool forks: every child inherits the
     # directory's name, so the parent's metrics endpoint sums their run counts.
     directory = count_files.share()
-    worker._durable_counts_dir = directory
     owner = os.getpid()
 
     def remove(sender: Any = None, **_: Any) -> None:

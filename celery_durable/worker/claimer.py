@@ -9,11 +9,12 @@ from typing import Any
 
 from kombu.messaging import Consumer as KombuConsumer
 
+from celery_durable.compat.request import waits_for_eta
+from celery_durable.compat.transport_guards import guard_channel
 from celery_durable.planning.claim_sweep import begin_sweep, next_ask, record, waitable_queues
 from celery_durable.worker.fetchers import Fetcher, fetcher_for
-from celery_durable.worker.parking import Parker, parker_for, undecodable
+from celery_durable.worker.parking import POISON_POLICY, Parker, parker_for, undecodable
 from celery_durable.worker.process_cap import HeldRun, HeldRuns
-from celery_durable.worker.transport_guards import guard_channel
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class IdleChannels:
             messages[:] = [m for m in messages if not m.acknowledged]
             if not messages:
                 return channel, messages
-        channel = guard_channel(self._connection.channel())
+        channel = guard_channel(self._connection.channel(), POISON_POLICY)
         # Global: one message across all of the wait's per-queue consumers.
         channel.basic_qos(0, 1, True)
         entry: tuple[Any, list[Any]] = (channel, [])
@@ -205,7 +206,7 @@ class Claimer:
                 # The strategy dropped it (revoked, expired, unknown task, bad
                 # payload): nothing will run, so the count goes back now.
                 self.held.give_back(message)
-            elif getattr(run.request, "_eta_timer_entry", None) is not None:
+            elif waits_for_eta(run.request):
                 # Waiting for its ETA: it frees its slot until it is due.
                 self.held.schedule(message)
         return True

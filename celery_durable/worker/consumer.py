@@ -1,4 +1,4 @@
-"""DurableConsumer: Celery's consumer with its push fetch replaced by planned claims."""
+"""DurableConsumer: Celery's consumer with its push fetch replaced by planned claims (a thin adapter)."""
 
 from __future__ import annotations
 
@@ -7,100 +7,16 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps, signals
-from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
-from celery.worker.loops import asynloop
 
+from celery_durable.compat.consumer import ConsumerHooks, claiming_loop, shutdown_requested
 from celery_durable.config import DurableConfig
 from celery_durable.metrics import worker_gauges
+from celery_durable.worker.boot import config_for
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.runtime import WorkerRuntime
 
 logger = logging.getLogger(__name__)
-
-
-def _shutdown_requested() -> bool:
-    # Set by Celery's signal handlers (to an exit code, which may be 0).
-    return worker_state.should_stop is not None or worker_state.should_terminate is not None
-
-
-class _ClaimingTaskConsumer:
-    """Stands in for the task consumer Celery's loop starts: it claims instead of consuming.
-
-    The loop sets ``on_message`` to the task handler and calls ``consume()``
-    once the hub is registered; both go to the claimer. The handler is wrapped
-    so ``settle(message)`` runs once Celery's strategy has returned.
-    """
-
-    def __init__(self, claimer: Claimer, settle: Callable[[Any], None] | None = None) -> None:
-        self._claimer = claimer
-        self._settle = settle
-
-    @property
-    def on_message(self) -> Any:
-        return self._claimer.handler
-
-    @on_message.setter
-    def on_message(self, handler: Any) -> None:
-        settle = self._settle
-        if handler is None or settle is None:
-            self._claimer.handler = handler
-            return
-
-        def on_task_message(message: Any) -> Any:
-            try:
-                return handler(message)
-            finally:
-                settle(message)
-
-        self._claimer.handler = on_task_message
-
-    def consume(self) -> None:
-        self._claimer.start()
-
-
-def durable_loop(
-    obj: DurableConsumer,
-    connection: Any,
-    consumer: Any,
-    blueprint: Any,
-    hub: Any,
-    qos: Any,
-    heartbeat: Any,
-    clock: Any,
-    hbrate: float = 2.0,
-) -> None:
-    """The consumer's loop: Celery's own with a hub, a short polling loop without one."""
-    claimer = obj.new_claimer(connection, hub)
-    stand_in = _ClaimingTaskConsumer(claimer, obj.runtime.settle_dropped)
-    try:
-        if hub is not None:
-            asynloop(obj, connection, stand_in, blueprint, hub, qos, heartbeat, clock, hbrate)
-        else:
-            _polling_loop(obj, connection, stand_in, blueprint, claimer)
-    finally:
-        claimer.stop()
-
-
-def _polling_loop(obj: DurableConsumer, connection: Any, stand_in: Any, blueprint: Any, claimer: Claimer) -> None:
-    # Transports without an event loop (the embedded SQLAlchemy broker): the
-    # claim passes run here, between short drains that serve the idle wait
-    # and remote control.
-    stand_in.on_message = obj.create_task_handler()
-    stand_in.consume()
-    obj.on_ready()
-    interval = obj.durable_config.idle_poll_interval
-    while blueprint.state == bootsteps.RUN and obj.connection:
-        worker_state.maybe_shutdown()
-        obj.perform_pending_operations()
-        obj.runtime.run_scheduled()
-        try:
-            connection.drain_events(timeout=interval)
-        except TimeoutError:
-            pass
-        except OSError:
-            if blueprint.state == bootsteps.RUN:
-                raise
 
 
 class DurableStats(bootsteps.StartStopStep):
@@ -114,10 +30,10 @@ class DurableStats(bootsteps.StartStopStep):
         return {"durable": c.runtime.stats()}
 
 
-class DurableConsumer(Consumer):
+class DurableConsumer(ConsumerHooks):
     """The consumer ``-P durable`` installs: Celery's, with its events forwarded to a :class:`WorkerRuntime`."""
 
-    loop = staticmethod(durable_loop)
+    loop = staticmethod(claiming_loop)
 
     class Blueprint(Consumer.Blueprint):
         default_steps = [
@@ -128,14 +44,14 @@ class DurableConsumer(Consumer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        config: DurableConfig = self.controller.durable_config
+        config: DurableConfig = config_for(self.controller)
         self.durable_config = config
         self.runtime = WorkerRuntime(
             config,
             queues=list(self.app.amqp.queues.consume_from),
             pool_limit=self.pool.limit,
             republish_connection=self.app.connection_for_write,
-            stop_requested=_shutdown_requested,
+            stop_requested=shutdown_requested,
         )
         # Kept as attributes: the e2e harness and remote control read them.
         self.held = self.runtime.held
@@ -167,8 +83,18 @@ class DurableConsumer(Consumer):
     def apply_eta_task(self, task: Any) -> None:
         self.runtime.when_admitted(task, lambda: Consumer.apply_eta_task(self, task))
 
-    def _limit_post_eta(self, request: Any, bucket: Any, tokens: Any) -> None:
-        self.runtime.when_admitted(request, lambda: Consumer._limit_post_eta(self, request, bucket, tokens))
+    def when_due(self, request: Any, go: Callable[[], None]) -> None:
+        self.runtime.when_admitted(request, go)
+
+    # -- what the claiming loop calls ----------------------------------------------
+    def settle_dropped(self, message: Any) -> None:
+        self.runtime.settle_dropped(message)
+
+    def run_scheduled(self) -> None:
+        self.runtime.run_scheduled()
+
+    def idle_poll_interval(self) -> float:
+        return self.durable_config.idle_poll_interval
 
     # -- what the strategy and the revoke signal tell ------------------------------
     def _on_task_received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
@@ -202,15 +128,6 @@ class DurableConsumer(Consumer):
         queues = self.app.amqp.queues
         queues.deselect(queue)
         logger.info("durable.queue.cancelled queue=%s", queue)
-
-    # -- reconnects ----------------------------------------------------------------
-    def _restore_prefetch_count_after_connection_restart(self, p: Any, *args: Any) -> None:
-        # Celery (5.7, consumer.py) restores its push consumer's prefetch count after a
-        # reconnect from each ack's promise: under thread execution that runs on a pool
-        # thread, whose basic.qos then waits on the connection beside the hub thread, and
-        # either may swallow the other's reply (the worker hangs for good). -P durable
-        # claims and never push-consumes tasks: there is no prefetch count to restore.
-        self._maximum_prefetch_restored = True
 
     # -- shutdown ----------------------------------------------------------------
     def stop(self) -> None:

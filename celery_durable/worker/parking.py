@@ -21,6 +21,9 @@ from typing import Any, Protocol
 
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 
+from celery_durable.compat.redis_claim import forget_unacked
+from celery_durable.compat.transport_guards import message_raw, put_raw
+
 logger = logging.getLogger(__name__)
 
 PARKED_SUFFIX = ".durable.parked"
@@ -80,7 +83,7 @@ class RedisParker:
         self._channel = channel
 
     def park(self, queue: str, message: Any, reason: str) -> None:
-        raw = json.dumps(message._raw)
+        raw = json.dumps(message_raw(message))
         with self._channel.conn_or_acquire() as client:
             client.lpush(parked_name(queue), raw)
         log_parked(queue, raw, reason)
@@ -136,8 +139,8 @@ class VirtualParker:
         self._channel = channel
 
     def park(self, queue: str, message: Any, reason: str) -> None:
-        self._channel._put(parked_name(queue), message._raw)
-        log_parked(queue, json.dumps(message._raw), reason)
+        put_raw(self._channel, parked_name(queue), message_raw(message))
+        log_parked(queue, json.dumps(message_raw(message)), reason)
         message.ack()
 
 
@@ -174,8 +177,19 @@ def park_redis_items(client: Any, qos: Any, queue: str, items: list[tuple[Any, A
         for raw, tag, _ in items:
             pipe.lpush(parked_name(queue), raw)
             if tag is not None:
-                pipe.hdel(qos.unacked_key, tag)
-                pipe.zrem(qos.unacked_index_key, tag)
+                forget_unacked(pipe, qos, tag)
         pipe.execute()
     for raw, _, reason in items:
         log_parked(queue, raw, reason)
+
+
+class _ParkingPolicy:
+    """This module's parking, as the transport guards take it (``compat.transport_guards.PoisonPolicy``)."""
+
+    envelope = staticmethod(envelope)
+    park_redis_items = staticmethod(park_redis_items)
+    parked_name = staticmethod(parked_name)
+    log_parked = staticmethod(log_parked)
+
+
+POISON_POLICY = _ParkingPolicy()

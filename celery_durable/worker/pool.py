@@ -8,7 +8,8 @@ from typing import Any, Protocol
 from celery.concurrency.prefork import TaskPool as PreforkTaskPool
 from celery.concurrency.thread import TaskPool as ThreadTaskPool
 
-from celery_durable.worker.child_reaping import ReapingAsynPool
+from celery_durable.compat.asynpool import ReapingAsynPool
+from celery_durable.compat.request import request_of_callback
 
 
 class RunListener(Protocol):
@@ -36,7 +37,7 @@ class DurablePoolMixin:
     def apply_async(self, target: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         listener = self.run_listener
         callback = options.get("callback")
-        request = getattr(callback, "__self__", None)
+        request = request_of_callback(callback)
         if listener is not None and request is not None:
             options["callback"] = _then_release(callback, listener, request)
             options["error_callback"] = _then_release(options.get("error_callback"), listener, request)

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from celery_durable.compat.request import cached_context
 from celery_durable.errors import InvariantBroken
 
 
@@ -117,7 +118,7 @@ class HeldRuns:
         with self._lock:
             bound = [run for run in self._runs.values() if run.request is not None]
         for run in bound:
-            if getattr(run.request, "__dict__", {}).get("_context") is context:
+            if cached_context(run.request) is context:
                 return run
         task_id = getattr(context, "id", None)
         candidates = [run for run in bound

@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from time import time
 from typing import Any
 
+from celery_durable.compat.redis_claim import renew_unacked, restore_expired
+
 logger = logging.getLogger(__name__)
 
 #: Renewals per visibility timeout: a worker whose loop stalls for a while
@@ -44,8 +46,7 @@ class RedisRestorer:
 
     def restore(self) -> None:
         try:
-            # interval=1: kombu's own throttle counts calls; ours is the timer.
-            self._channel.qos.restore_visible(num=self._channel.unacked_restore_limit, interval=1)
+            restore_expired(self._channel)
         except self._channel.connection_errors:
             logger.warning("durable.redis.restore_failed", exc_info=True)
 
@@ -59,7 +60,7 @@ class RedisRestorer:
             with self._channel.conn_or_acquire() as client:
                 # XX: only tags still in the index. A tag another worker already
                 # restored (this one's renewals were late) is not re-added as held.
-                client.zadd(self._channel.qos.unacked_index_key, scores, xx=True)
+                renew_unacked(client, self._channel.qos, scores)
         except self._channel.connection_errors:
             logger.warning("durable.redis.renew_failed held=%d", len(scores), exc_info=True)
             return 0

@@ -202,3 +202,28 @@ def test_a_wildcard_metrics_host_is_served_with_one_warning(scenario):
     warnings = [line for line in worker.log().splitlines() if "durable.metrics.all_interfaces" in line]
     assert len(warnings) == 1 and "WARNING" in warnings[0] and "every interface" in warnings[0], warnings
     assert worker.terminate() == 0
+
+
+@pytest.mark.parametrize("removed, named", [
+    pytest.param("kombu.transport.redis:Channel._q_for_pri", "kombu.transport.redis.Channel._q_for_pri",
+                 id="kombu-redis-priority-lists"),
+    pytest.param("celery.worker.request:Request._eta_timer_entry", "celery.worker.request.Request._eta_timer_entry",
+                 id="celery-request-eta-entry"),
+    pytest.param("celery.worker.consumer.consumer:Consumer._limit_post_eta",
+                 "celery.worker.consumer.consumer.Consumer._limit_post_eta", id="celery-consumer-rate-limit-eta"),
+])
+def test_a_missing_host_internal_refuses_the_boot_in_one_line_naming_it(scenario, monkeypatch, removed, named):
+    # What a Celery or kombu release that drops an internal would do: refused at boot,
+    # by name, not an AttributeError deep in the claim loop once a task arrives.
+    monkeypatch.setenv("E2E_REMOVE_HOST_NAME", removed)
+    s = scenario(["a"])
+    s.send("a", "waiting")
+    worker = s.worker(app="tests.e2e.hostless_app")
+    code = wait_exit(worker)
+    log = worker.log()
+    assert code > 0, f"exit code {code}\n{log[-3000:]}"
+    refusals = [line for line in log.splitlines() if "durable.host.incompatible" in line]
+    assert len(refusals) == 1 and named in refusals[0], log[-3000:]
+    assert "Traceback" not in log and "AttributeError" not in log, log[-3000:]
+    assert " ready." not in log, log[-3000:]
+    assert s.broker_depth("a") == 1

@@ -17,7 +17,8 @@ from kombu import Connection, Exchange, Queue
 
 from celery_durable import outbox
 from celery_durable.outbox.publishing import amqp_confirms, redis_pipeline
-from celery_durable.outbox.publishing.batch import BatchPublished, publish_batch, publish_one_by_one
+from celery_durable.outbox.publishing.batch import publish_batch, publish_one_by_one
+from celery_durable.outbox.publishing.outcome import BatchPublished
 from celery_durable.outbox.relay import Relay
 from celery_durable.store import outbox as store
 from celery_durable.store.outbox import OutboxRow

@@ -14,7 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from celery_durable.outbox.publishing.batch import BatchPublished, Now
+from celery_durable.compat.amqp import publish_unconfirmed
+from celery_durable.outbox.publishing.outcome import BatchPublished, Now
 from celery_durable.outbox.publishing.task_message import Captured, RowSender
 from celery_durable.store.outbox import OutboxRow
 
@@ -70,11 +71,9 @@ def publish_confirmed(producer: Any, captured: Sequence[Captured], *, timeout: f
     try:
         for item in captured:
             kwargs = item.publish_kwargs
-            # py-amqp's plain publish: with confirm_publish set, the channel's
-            # basic_publish would wait for each ack in turn.
-            channel._basic_publish(item.message, exchange=item.exchange, routing_key=item.routing_key,
-                                   mandatory=kwargs.get("mandatory", False),
-                                   immediate=kwargs.get("immediate", False))
+            publish_unconfirmed(channel, item.message, exchange=item.exchange, routing_key=item.routing_key,
+                                mandatory=kwargs.get("mandatory", False),
+                                immediate=kwargs.get("immediate", False))
         waiter.wait(connection, timeout)
         healthy = True
     except ConfirmTimeout:

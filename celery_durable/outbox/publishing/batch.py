@@ -2,33 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Sequence
 from typing import Any
 
+from celery_durable.outbox.publishing.outcome import BatchPublished, Now
 from celery_durable.outbox.publishing.task_message import RowSender
 from celery_durable.store.outbox import OutboxRow
-
-
-@dataclass(frozen=True)
-class BatchPublished:
-    """How far a batch got: ``rows[:sent]`` are on the broker, in id order.
-
-    ``error`` says why ``rows[sent]`` is not; the rows after it may or may not
-    have reached the broker (see each transport's module) and stay unpublished,
-    so a later pass republishes them under the same task ids.
-    """
-
-    sent: int
-    error: BaseException | None = None
-    #: Of the sent rows: how many went out in batches (one MULTI/EXEC, one confirm wait)...
-    batched: int = 0
-    #: ... and how many took kombu's per-message path.
-    one_by_one: int = 0
-
-
-Now = Callable[[], datetime]
 
 
 def publish_batch(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> BatchPublished:

@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celery_durable.outbox.publishing.batch import BatchPublished, Now
+from celery_durable.compat.kombu_publish import record_redis_put, redis_batch_supported
+from celery_durable.outbox.publishing.outcome import BatchPublished, Now
 from celery_durable.outbox.publishing.task_message import Captured, RowSender
 from celery_durable.store.outbox import OutboxRow
 
@@ -38,11 +39,7 @@ def handles(transport: Any, producer: Any) -> bool:
     """Kombu's Redis transport, new enough to have the publish-batch hook, and safe to batch as configured."""
     if getattr(transport, "driver_type", None) != "redis":
         return False
-    channel = producer.channel
-    # create_publish_batch marks the kombu (5.7+) whose _put honours the
-    # _publish_batch hook. supports_batch_publish is False when redis-py would
-    # replay a pipeline on a timeout, which could run a whole EXEC twice.
-    return hasattr(channel, "create_publish_batch") and bool(getattr(channel, "supports_batch_publish", False))
+    return redis_batch_supported(producer.channel)
 
 
 @dataclass
@@ -101,9 +98,7 @@ def commands_for(channel: Any, captured: Captured,
     if not queues:
         return None
     recorder = _Recorder()
-    channel._inplace_augment_message(captured.message, exchange, routing_key)
-    for queue in queues:
-        channel._put(queue, captured.message, _publish_batch=recorder)
+    record_redis_put(channel, captured.message, exchange, routing_key, queues, recorder)
     return recorder.commands
 
 

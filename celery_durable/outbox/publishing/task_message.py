@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from celery_durable.compat.kombu_publish import producer_batch_seam_free, producer_publishes_to
 from celery_durable.store.outbox import OutboxRow
 
 #: Kombu's own retry inside one publish: enough to ride over a stale pooled
@@ -131,15 +132,8 @@ class _Collector:
 
 @contextmanager
 def _capturing(producer: Any) -> Iterator[list[Captured]]:
-    # Kombu 5.7's Producer._publish routes a prepared message to the batch
-    # state in ``_batch_local.current`` instead of ``channel.basic_publish``;
-    # that is the one seam after declaration and before any broker write.
-    local = getattr(producer, "_batch_local", None)
-    if local is None or getattr(local, "current", None) is not None:
+    if not producer_batch_seam_free(producer):
         raise CaptureUnsupported("the producer has no free publish-batch seam (kombu < 5.7, or a batch is open)")
     collector = _Collector()
-    local.current = collector
-    try:
+    with producer_publishes_to(producer, collector):
         yield collector.captured
-    finally:
-        del local.current

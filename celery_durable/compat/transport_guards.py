@@ -10,32 +10,54 @@ the worker exiting 1):
   polling): it hides the row, commits, then ``loads`` it.
 
 Each guard replaces the method on one channel instance with a copy of kombu
-5.7's that screens the item first (``parking.envelope``); both are private
-kombu names, exercised on real brokers by tests/integration/test_poison.py
-and tests/e2e/test_poison.py, so a kombu upgrade that changes them fails there.
+5.7's that screens the item first (the worker's parking policy, passed in);
+both are private kombu names (``_brpop_read``, ``_queue_cycle``, ``_in_poll``,
+``connection._deliver``, ``Message._raw``; ``_get``, ``_get_or_create``),
+pinned by tests/compat/test_transport_guards.py and exercised on real brokers by
+tests/integration/test_poison.py and tests/e2e/test_poison.py.
 """
 
 from __future__ import annotations
 
 from queue import Empty
-from typing import Any
+from typing import Any, Protocol
 
 from kombu.utils.encoding import bytes_to_str
 
-from celery_durable.worker.parking import envelope, log_parked, park_redis_items, parked_name
+
+class PoisonPolicy(Protocol):
+    """What the worker does with an item that is not a kombu message (``worker.parking``)."""
+
+    def envelope(self, channel: Any, raw: Any) -> tuple[Any, str | None]: ...
+
+    def park_redis_items(self, client: Any, qos: Any, queue: str, items: list[tuple[Any, Any, str]]) -> None: ...
+
+    def parked_name(self, queue: str) -> str: ...
+
+    def log_parked(self, queue: str, raw: Any, reason: str) -> None: ...
 
 
-def guard_channel(channel: Any) -> Any:
+def guard_channel(channel: Any, poison: PoisonPolicy) -> Any:
     """Install the poison guard for ``channel``'s transport, if it needs one; returns the channel."""
     driver = channel.connection.client.transport.driver_type
     if driver == "redis":
-        _guard_redis_brpop(channel)
+        _guard_redis_brpop(channel, poison)
     elif driver == "sql":
-        _guard_sql_get(channel)
+        _guard_sql_get(channel, poison)
     return channel
 
 
-def _guard_redis_brpop(channel: Any) -> None:
+def message_raw(message: Any) -> Any:
+    """A virtual-transport message's payload as stored (``Message._raw``, kombu 5.x virtual/base.py)."""
+    return message._raw
+
+
+def put_raw(channel: Any, queue: str, raw: Any) -> None:
+    """Put a stored payload back on ``queue`` of a virtual transport (``Channel._put``, kombu 5.x)."""
+    channel._put(queue, raw)
+
+
+def _guard_redis_brpop(channel: Any, poison: PoisonPolicy) -> None:
     def brpop_read(**options: Any) -> bool:
         try:
             try:
@@ -49,11 +71,11 @@ def _guard_redis_brpop(channel: Any) -> None:
             dest, item = reply
             dest = bytes_to_str(dest).rsplit(channel.sep, 1)[0]
             channel._queue_cycle.rotate(dest)
-            message, reason = envelope(channel, item)
+            message, reason = poison.envelope(channel, item)
             if message is None:
                 # Popped but never recorded unacked: the parked list is its only copy.
                 with channel.conn_or_acquire() as client:
-                    park_redis_items(client, channel.qos, dest, [(item, None, reason or "")])
+                    poison.park_redis_items(client, channel.qos, dest, [(item, None, reason or "")])
                 raise Empty()
             channel.connection._deliver(message._raw, dest)
             return True
@@ -67,7 +89,7 @@ def _guard_redis_brpop(channel: Any) -> None:
     channel.handlers["BRPOP"] = brpop_read
 
 
-def _guard_sql_get(channel: Any) -> None:
+def _guard_sql_get(channel: Any, poison: PoisonPolicy) -> None:
     from sqlalchemy import text
 
     parked_ids: dict[str, Any] = {}
@@ -77,7 +99,7 @@ def _guard_sql_get(channel: Any) -> None:
         parked = parked_ids.get(queue)
         if parked is None:
             # Made before the read's transaction: _get_or_create commits.
-            parked = parked_ids[queue] = channel._get_or_create(parked_name(queue)).id
+            parked = parked_ids[queue] = channel._get_or_create(poison.parked_name(queue)).id
         session = channel.session
         model = channel.message_cls
         while True:
@@ -92,7 +114,7 @@ def _guard_sql_get(channel: Any) -> None:
                 if row is None:
                     raise Empty()
                 raw = row.payload
-                message, reason = envelope(channel, raw)
+                message, reason = poison.envelope(channel, raw)
                 if message is not None:
                     row.visible = False
                     return message._raw
@@ -101,6 +123,6 @@ def _guard_sql_get(channel: Any) -> None:
                 row.queue_id = parked
             finally:
                 session.commit()
-            log_parked(queue, raw, reason or "")
+            poison.log_parked(queue, raw, reason or "")
 
     channel._get = get

@@ -1,0 +1,136 @@
+"""At worker boot: is every host internal compat relies on present, and is each host release one we tested?
+
+Each entry names a module and an attribute path the compat modules use, so a
+Celery or kombu upgrade that drops one refuses the boot in one line naming it
+instead of raising AttributeError deep in the claim loop. Attributes that only
+exist on instances (``Message._raw``, ``Producer._batch_local``, ``_chain._use_link``)
+cannot be looked up here; tests/compat/ pins them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+from importlib import metadata
+
+from celery_durable.errors import HostIncompatible
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TouchPoint:
+    """A host name compat relies on: ``module``'s ``attribute`` (dotted), used by ``user``."""
+
+    module: str
+    attribute: str
+    user: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.attribute}"
+
+
+def _points(user: str, module: str, *attributes: str) -> list[TouchPoint]:
+    return [TouchPoint(module, attribute, user) for attribute in attributes]
+
+
+#: Every host name a compat module looks up on a class or module.
+TOUCH_POINTS: tuple[TouchPoint, ...] = (
+    *_points("compat.pool_alias", "celery.concurrency", "ALIASES"),
+    *_points("compat.pool_alias", "celery.bin.worker", "WORKERS_POOL.choices"),
+    *_points("compat.consumer", "celery.worker.consumer.consumer",
+             "Consumer._limit_post_eta", "Consumer._restore_prefetch_count_after_connection_restart",
+             "Consumer.apply_eta_task", "Consumer.loop_args", "Consumer.create_task_handler",
+             "Consumer.perform_pending_operations", "Consumer.on_ready", "Consumer.on_close"),
+    *_points("compat.consumer", "celery.worker.loops", "asynloop"),
+    *_points("compat.consumer", "celery.worker.state", "should_stop", "should_terminate", "maybe_shutdown"),
+    *_points("compat.request", "celery.worker.request",
+             "Request._eta_timer_entry", "Request._context", "Request.on_success", "Request.on_failure"),
+    *_points("compat.asynpool", "celery.concurrency.asynpool",
+             "AsynPool._event_process_exit", "AsynPool.maintain_pool"),
+    *_points("compat.asynpool", "billiard.pool", "RUN"),
+    *_points("compat.canvas", "celery.canvas", "_chain.prepare_steps", "_chord", "Signature._merge"),
+    *_points("compat.redis_claim", "kombu.transport.redis",
+             "Channel._q_for_pri", "Channel.priority_steps", "Channel._maybe_update_queues_expire",
+             "QoS.unacked_key", "QoS.unacked_index_key", "QoS.restore_visible"),
+    *_points("compat.redis_claim", "kombu.transport.virtual", "QoS.append"),
+    *_points("compat.transport_guards", "kombu.transport.redis", "Channel._brpop_read"),
+    *_points("compat.transport_guards", "kombu.transport.sqlalchemy", "Channel._get", "Channel._get_or_create"),
+    *_points("compat.kombu_publish", "kombu.messaging", "Producer._publish"),
+    *_points("compat.amqp", "amqp.channel",
+             "Channel.send_method", "Channel.wait", "Channel._on_get_ok", "Channel._basic_publish"),
+    *_points("compat.amqp", "amqp.spec", "Basic.Get", "Basic.GetOk", "Basic.GetEmpty"),
+)
+
+#: The releases compat was tested on: (first, first release past the range).
+TESTED: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
+    "celery": ((5, 5), (5, 8)),
+    "kombu": ((5, 5), (5, 8)),
+}
+
+
+def missing(points: tuple[TouchPoint, ...] = TOUCH_POINTS) -> list[TouchPoint]:
+    """The touch points the installed packages do not have."""
+    absent = []
+    for point in points:
+        try:
+            obj: object = importlib.import_module(point.module)
+        except ImportError:
+            absent.append(point)
+            continue
+        for part in point.attribute.split("."):
+            if not hasattr(obj, part):
+                absent.append(point)
+                break
+            obj = getattr(obj, part)
+    return absent
+
+
+def installed_version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def untested_releases() -> list[str]:
+    """``"celery 5.8.0"`` for each host package installed outside the range compat was tested on."""
+    out = []
+    for package, (first, past) in TESTED.items():
+        version = installed_version(package)
+        release = _release(version)
+        if release is None or not first <= release < past:
+            out.append(f"{package} {version}")
+    return out
+
+
+def check_host() -> None:
+    """Refuse (HostIncompatible, one line) if an internal is missing; warn once for an untested release."""
+    absent = missing()
+    versions = ", ".join(f"{name} {installed_version(name)}" for name in ("celery", "kombu", "billiard", "amqp"))
+    if absent:
+        names = ", ".join(point.name for point in absent)
+        raise HostIncompatible(
+            f"the installed host ({versions}) lacks {names}, which -P durable relies on "
+            f"(celery_durable.{absent[0].user}); tested with {_tested_range()}"
+        )
+    untested = untested_releases()
+    if untested:
+        logger.warning("durable.compat.untested_release: %s is outside the range celery_durable was tested "
+                       "on (%s); every internal it relies on is present", ", ".join(untested), _tested_range(),
+                       extra={"event": "durable.compat.untested_release"})
+
+
+def _tested_range() -> str:
+    return ", ".join(f"{package} {first[0]}.{first[1]} to {past[0]}.{past[1] - 1}"
+                     for package, (first, past) in TESTED.items())
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
