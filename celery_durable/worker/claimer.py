@@ -228,6 +228,10 @@ class Claimer:
             run.request = request
 
     # -- the idle wait -----------------------------------------------------------
+    def idle_waiting_on(self) -> set[str]:
+        """The queues the idle any-queue wait is armed on (empty when it is not armed)."""
+        return {queue.name for consumer in self._idle_consumers for queue in consumer.queues}
+
     def _arm_idle_wait(self, queues: dict[str, Any]) -> None:
         names = waitable_queues(self.held.queues(), self.held.free_slots(), self.held.room())
         names = tuple(name for name in names if name in queues)

@@ -55,13 +55,16 @@ class DurableConsumer(ConsumerHooks):
         )
         # Kept as attributes: the e2e harness and remote control read them.
         self.held = self.runtime.held
-        self.durable_capacity = self.runtime.capacity()
         self.drain = self.runtime.drain
         self.pool.run_listener = self.runtime
         self.pool.drain = self.drain
         signals.task_received.connect(self._on_task_received, sender=self, weak=False)
         signals.task_revoked.connect(self._on_task_revoked, weak=False)
         worker_gauges.register_worker(self.runtime, config)
+
+    @property
+    def durable_capacity(self) -> int:
+        return self.runtime.capacity()
 
     @property
     def claimer(self) -> Claimer | None:

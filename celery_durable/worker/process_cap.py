@@ -54,6 +54,12 @@ class HeldRuns:
         self._scheduled = 0
         self._lock = threading.Lock()
 
+    def set_capacity(self, capacity: int) -> None:
+        if capacity < 1:
+            raise InvariantBroken(f"capacity must be >= 1, got {capacity!r}")
+        with self._lock:
+            self.capacity = capacity
+
     # -- the queues --------------------------------------------------------
     def set_queue(self, queue: str, slots: int) -> None:
         with self._lock:

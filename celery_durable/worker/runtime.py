@@ -130,10 +130,14 @@ class WorkerRuntime:
     # -- ETA runs: counted while they wait, given a slot when due -----------------------
     def when_admitted(self, request: Any, go: Callable[[], None]) -> None:
         """Start ``request`` (``go``) when it fits; called when its ETA passes."""
-        if self.held.try_admit(request.message):
+        if not self._due and self.held.try_admit(request.message):
             go()
         else:
+            # Behind the runs that fell due before it, in order: the next pass starts them
+            # (one is asked for if a slot is free now; else the next finished run asks).
             self._due.append((request, go))
+            if self.held.room() > 0:
+                self.kick()
 
     def admit_due(self) -> None:
         """Start the due runs that now fit, in the order they fell due (before any new claim)."""
@@ -194,6 +198,10 @@ class WorkerRuntime:
     # -- queues, connection, shutdown ------------------------------------------------
     def add_queue(self, queue: str) -> None:
         self.held.set_queue(queue, self.config.slots_for(queue))
+        # The queues' slots may have been what bounded the capacity: an added queue raises it.
+        slots = [self.config.slots_for(name) for name in self.held.queues()]
+        self._capacity = capacity(self.config.max_in_flight, self.pool_limit, slots)
+        self.held.set_capacity(self._capacity)
         logger.info("durable.queue.added queue=%s", queue)
         self.kick()
 
