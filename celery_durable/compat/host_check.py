@@ -47,13 +47,13 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     *_points("compat.consumer", "celery.worker.loops", "asynloop"),
     *_points("compat.consumer", "celery.worker.state", "should_stop", "should_terminate", "maybe_shutdown"),
     *_points("compat.request", "celery.worker.request",
-             "Request._eta_timer_entry", "Request._context", "Request.on_success", "Request.on_failure"),
+             "Request._context", "Request.on_success", "Request.on_failure"),
     *_points("compat.asynpool", "celery.concurrency.asynpool",
              "AsynPool._event_process_exit", "AsynPool.maintain_pool"),
     *_points("compat.asynpool", "billiard.pool", "RUN"),
     *_points("compat.canvas", "celery.canvas", "_chain.prepare_steps", "_chord", "Signature._merge"),
     *_points("compat.redis_claim", "kombu.transport.redis",
-             "Channel._q_for_pri", "Channel.priority_steps", "Channel._maybe_update_queues_expire",
+             "Channel._q_for_pri", "Channel.priority_steps",
              "QoS.unacked_key", "QoS.unacked_index_key", "QoS.restore_visible"),
     *_points("compat.redis_claim", "kombu.transport.virtual", "QoS.append"),
     *_points("compat.transport_guards", "kombu.transport.redis", "Channel._brpop_read"),
@@ -62,6 +62,14 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     *_points("compat.amqp", "amqp.channel",
              "Channel.send_method", "Channel.wait", "Channel._on_get_ok", "Channel._basic_publish"),
     *_points("compat.amqp", "amqp.spec", "Basic.Get", "Basic.GetOk", "Basic.GetEmpty"),
+)
+
+#: Names compat uses when the installed release has them, and does without otherwise
+#: (each such use says what an older release lacks): never a reason to refuse a boot.
+OPTIONAL_TOUCH_POINTS: tuple[TouchPoint, ...] = (
+    *_points("compat.request", "celery.worker.request", "Request._eta_timer_entry"),          # celery 5.7
+    *_points("compat.redis_claim", "kombu.transport.redis", "Channel._maybe_update_queues_expire"),  # kombu 5.7
+    *_points("compat.kombu_publish", "kombu.transport.redis", "Channel.create_publish_batch"),  # kombu 5.7
 )
 
 #: The releases compat was tested on: (first, first release past the range).

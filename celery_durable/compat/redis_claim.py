@@ -71,8 +71,11 @@ def claim(channel: Any, client: Any, script: Any, queue: str, parked_list: str, 
     qos = channel.qos
     keys = [qos.unacked_index_key, qos.unacked_key, parked_list, *priority_lists(channel, queue)]
     items, tags, parked = script(keys=keys, args=[count, repr(now)], client=client)
-    # kombu refreshes a queue's x-expires on each get; a no-op without one.
-    channel._maybe_update_queues_expire(client, queue)
+    # kombu (>= 5.7) refreshes a queue's x-expires on each get; a no-op without one.
+    # Older kombu has no queue expiry on Redis, and no method for it.
+    refresh_expiry = getattr(channel, "_maybe_update_queues_expire", None)
+    if refresh_expiry is not None:
+        refresh_expiry(client, queue)
     return list(items), list(tags), list(parked)
 
 

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery.worker.request import Request
 
-def waits_for_eta(request: Any) -> bool:
-    """True once Celery's consumer put the request on its timer for its ETA/countdown.
 
-    ``Request._eta_timer_entry`` is set by ``Consumer.apply_eta_task``'s timer
-    call (celery >= 5.3, ``celery/worker/consumer/consumer.py``) and is None
-    (the class attribute) otherwise.
+def waits_for_eta(request: Any, *, in_pool: bool) -> bool:
+    """True once Celery's strategy put the request on the consumer's timer for its ETA/countdown.
+
+    Asked right after the strategy returned. Celery 5.7 records the timer
+    entry on the request (``Request._eta_timer_entry``, set in
+    ``celery/worker/strategy.py``; None, the class attribute, otherwise). Celery
+    5.5 and 5.6 record nothing: there a request with an ``eta`` that the strategy
+    did not hand to the pool is on the timer (their strategy times every ETA
+    request, a past one included, and executes every other at once).
     """
-    return getattr(request, "_eta_timer_entry", None) is not None
+    if _RECORDS_ETA_ENTRY:
+        return getattr(request, "_eta_timer_entry", None) is not None
+    return getattr(request, "eta", None) is not None and not in_pool
+
+
+_RECORDS_ETA_ENTRY = hasattr(Request, "_eta_timer_entry")
 
 
 def cached_context(request: Any) -> Any:

@@ -206,7 +206,7 @@ class Claimer:
                 # The strategy dropped it (revoked, expired, unknown task, bad
                 # payload): nothing will run, so the count goes back now.
                 self.held.give_back(message)
-            elif waits_for_eta(run.request):
+            elif waits_for_eta(run.request, in_pool=run.in_pool):
                 # Waiting for its ETA: it frees its slot until it is due.
                 self.held.schedule(message)
         return True

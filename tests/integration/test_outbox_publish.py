@@ -219,7 +219,7 @@ def test_rabbitmq_batch_is_published_under_confirms_in_order(
     queue = f"confirm-{uuid.uuid4().hex[:8]}"
     rows = enqueue_and_claim(amqp_app, user_engine, [((str(i),), {"queue": queue}) for i in range(200)])
     with amqp_app.producer_or_acquire() as producer:
-        assert amqp_confirms.handles(producer.connection.transport)
+        assert amqp_confirms.handles(producer.connection.transport, producer)
         result = publish_batch(amqp_app, producer, rows, fixed_now)
     assert result == BatchPublished(sent=200, batched=200)
     assert drain_amqp(amqp_app, queue, 200) == [row.task_id for row in rows]

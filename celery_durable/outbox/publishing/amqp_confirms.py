@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery_durable.compat.amqp import publish_unconfirmed
+from celery_durable.compat.kombu_publish import producer_batch_seam_free
 from celery_durable.outbox.publishing.outcome import BatchPublished, Now
 from celery_durable.outbox.publishing.task_message import Captured, RowSender
 from celery_durable.store.outbox import OutboxRow
@@ -31,8 +32,9 @@ class ConfirmTimeout(ConfirmFailed):
     """Acks still missing at the deadline."""
 
 
-def handles(transport: Any) -> bool:
-    return getattr(transport, "driver_name", None) == "py-amqp"
+def handles(transport: Any, producer: Any) -> bool:
+    """py-amqp, on a kombu whose producer lets a batch be captured before the broker (5.7+)."""
+    return getattr(transport, "driver_name", None) == "py-amqp" and producer_batch_seam_free(producer)
 
 
 def publish(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now,

@@ -33,7 +33,7 @@ def _publish(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> Ba
     transport = producer.connection.transport
     if redis_pipeline.handles(transport, producer):
         return redis_pipeline.publish(app, producer, rows, now)
-    if amqp_confirms.handles(transport):
+    if amqp_confirms.handles(transport, producer):
         return amqp_confirms.publish(app, producer, rows, now)
     return publish_one_by_one(app, producer, rows, now)
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celery_durable.compat.kombu_publish import record_redis_put, redis_batch_supported
+from celery_durable.compat.kombu_publish import producer_batch_seam_free, record_redis_put, redis_batch_supported
 from celery_durable.outbox.publishing.outcome import BatchPublished, Now
 from celery_durable.outbox.publishing.task_message import Captured, RowSender
 from celery_durable.store.outbox import OutboxRow
@@ -39,7 +39,7 @@ def handles(transport: Any, producer: Any) -> bool:
     """Kombu's Redis transport, new enough to have the publish-batch hook, and safe to batch as configured."""
     if getattr(transport, "driver_type", None) != "redis":
         return False
-    return redis_batch_supported(producer.channel)
+    return redis_batch_supported(producer.channel) and producer_batch_seam_free(producer)
 
 
 @dataclass
