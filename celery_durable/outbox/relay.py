@@ -13,7 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from celery_durable import faults
+from celery_durable.faults import NO_FAULTS, RELAY_AFTER_PUBLISH, FaultPoints
 from celery_durable.metrics import outbox as outbox_metrics
 from celery_durable.outbox.publishing import publish_batch
 from celery_durable.outbox.relay_probe import broker_problem, store_problem
@@ -74,7 +74,7 @@ class Relay:
                  poll_interval: float = 1.0, retention: float = 86400.0, flag_after: int = FLAG_AFTER,
                  listen: bool = True, now: Callable[[], datetime] = _now,
                  probe_every: float = PROBE_EVERY, jitter: float = BACKOFF_JITTER,
-                 draw: Callable[[], float] = random.random) -> None:
+                 draw: Callable[[], float] = random.random, faults: FaultPoints = NO_FAULTS) -> None:
         self.app = app
         self.url = resolve_url(url) if url is not None else store_url(app)
         self.batch_size = batch_size
@@ -86,6 +86,7 @@ class Relay:
         self.probe_every = probe_every
         self.jitter = jitter
         self._draw = draw
+        self._faults = faults
         self._stopping = threading.Event()
         self._waker: Waker | None = None
         self._next_purge = 0.0
@@ -113,7 +114,7 @@ class Relay:
                 published = publish_batch(self.app, producer, rows, self._now)
             if published.sent:
                 # Published, nothing marked yet: a crash here republishes these rows.
-                faults.reach(faults.RELAY_AFTER_PUBLISH)
+                self._faults.reach(RELAY_AFTER_PUBLISH)
             error = published.error
             failed_row = rows[published.sent] if error is not None else None
             outcome = settle_batch([r.id for r in rows], published.sent,

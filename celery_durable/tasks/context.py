@@ -13,8 +13,8 @@ from typing import Any
 from celery.exceptions import Ignore
 from sqlalchemy.engine import Connection, Engine
 
-from celery_durable import faults
 from celery_durable.errors import NotDurable, StoreUnavailable
+from celery_durable.faults import AFTER_COMMIT, BEFORE_COMMIT, BEFORE_FN, NO_FAULTS, FaultPoints
 from celery_durable.planning.checkpoints import Ledger, check_step_name, to_json
 from celery_durable.store import runs, steps
 from celery_durable.store.engine import autocommit, unavailable_as_error
@@ -38,6 +38,7 @@ class RunContext:
     engine: Engine    # for transactional steps, which need a transaction of their own
     url: str
     token: str = ""   # this attempt's lease token: a durable sleep hands the run to its wake-up with it
+    faults: FaultPoints = NO_FAULTS  # where a crash test stops this process
 
     def step(self, name: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
              transactional: bool = False) -> Any:
@@ -48,20 +49,20 @@ class RunContext:
         if not callable(fn):
             raise TypeError(f"step {name!r}: fn must be callable, got {fn!r}")
         what = f"the result of step {name!r}" + (f" (occurrence {key.occurrence})" if key.occurrence else "")
-        faults.reach(faults.BEFORE_FN)
+        self.faults.reach(BEFORE_FN)
         if transactional:
             with unavailable_as_error(self.url), self.engine.begin() as tx:
                 value = fn(tx, *args, **kwargs)
                 # Checked inside the transaction: a result we refuse rolls fn's effects back.
                 encoded = to_json(what, value)
                 steps.insert(tx, self.run.id, key, encoded)
-                faults.reach(faults.BEFORE_COMMIT)
+                self.faults.reach(BEFORE_COMMIT)
         else:
             value = fn(*args, **kwargs)
             encoded = to_json(what, value)
-            faults.reach(faults.BEFORE_COMMIT)
+            self.faults.reach(BEFORE_COMMIT)
             self._checkpoint_when_the_store_answers(key, encoded)
-        faults.reach(faults.AFTER_COMMIT)
+        self.faults.reach(AFTER_COMMIT)
         self.ledger.record(key, encoded)
         return value
 
