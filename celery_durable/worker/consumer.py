@@ -11,17 +11,13 @@ from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
 from celery.worker.loops import asynloop
 
+from celery_durable.compat.worker_state import shutdown_requested
 from celery_durable.config import DurableConfig
 from celery_durable.metrics import worker_gauges
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.runtime import WorkerRuntime
 
 logger = logging.getLogger(__name__)
-
-
-def _shutdown_requested() -> bool:
-    # Set by Celery's signal handlers (to an exit code, which may be 0).
-    return worker_state.should_stop is not None or worker_state.should_terminate is not None
 
 
 class _ClaimingTaskConsumer:
@@ -135,7 +131,7 @@ class DurableConsumer(Consumer):
             queues=list(self.app.amqp.queues.consume_from),
             pool_limit=self.pool.limit,
             republish_connection=self.app.connection_for_write,
-            stop_requested=_shutdown_requested,
+            stop_requested=shutdown_requested,
         )
         # Kept as attributes: the e2e harness and remote control read them.
         self.held = self.runtime.held

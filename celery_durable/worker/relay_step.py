@@ -7,7 +7,8 @@ import threading
 from typing import Any
 
 from celery import bootsteps
-from celery.worker import state as worker_state
+
+from celery_durable.compat.worker_state import shutdown_requested
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class OutboxRelay(bootsteps.StartStopStep):
             logger.exception("durable.relay.crashed")
 
     def stop(self, c: Any) -> None:
-        if worker_state.should_stop is not None or worker_state.should_terminate is not None:
+        if shutdown_requested():
             self.shutdown(c)
 
     def shutdown(self, c: Any) -> None:

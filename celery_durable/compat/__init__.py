@@ -1,0 +1,1 @@
+"""The only modules that touch private or undocumented names of Celery, kombu, billiard or py-amqp."""
