@@ -108,8 +108,8 @@ class RunContext:
     def sleep(self, name: Any, seconds: float) -> None:
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
             raise ValueError(f"sleep {name!r}: seconds must be a number >= 0, got {seconds!r}")
-        check_step_name(name)
-        # The wake time is itself a step: a redelivery before it re-sleeps, one after returns.
+        # The wake time is itself a step (whose key checks the name first): a redelivery
+        # before it re-sleeps, one after returns.
         wake_at = self.step(name, _wake_time, (float(seconds),), {})
         remaining = wake_at - time.time()
         if remaining <= 0:
