@@ -69,6 +69,7 @@ def relay(ctx: click.Context, batch_size: int | None, poll_interval: float | Non
     from celery_durable.config import DurableConfig
     from celery_durable.metrics.registry import serve
     from celery_durable.outbox.relay import Relay
+    from celery_durable.store.urls import shown_url
 
     app = ctx.obj.app
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s] %(name)s: %(message)s")
@@ -86,5 +87,5 @@ def relay(ctx: click.Context, batch_size: int | None, poll_interval: float | Non
                    retention=config.outbox_retention, faults=faults.of(app))
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: runner.stop())
-    click.echo(f"durable relay: publishing the outbox of {runner.url.split('@')[-1]}", err=True)
+    click.echo(f"durable relay: publishing the outbox of {shown_url(runner.url)}", err=True)
     runner.run()

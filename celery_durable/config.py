@@ -15,6 +15,7 @@ from sqlalchemy import exc
 
 from celery_durable.errors import ConfigInvalid
 from celery_durable.store.schema import SUPPORTED_BACKENDS
+from celery_durable.store.urls import shown_url
 
 #: Slots a queue gets when ``durable_queue_concurrency`` does not name it.
 DEFAULT_QUEUE_SLOTS = 8
@@ -233,15 +234,15 @@ def database_url(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         # An empty string usually is an unset environment variable: using the default
         # SQLite file instead would give each worker a store of its own.
-        shown = mask_password(value) if isinstance(value, str) else repr(value)
+        shown = repr(shown_url(value) if isinstance(value, str) else value)
         raise ConfigInvalid(setting, f"must be a PostgreSQL or SQLite URL (leave it unset for the default "
                                      f"SQLite file), got {shown}")
     try:
         parsed = sa.engine.make_url(value)
     except (exc.ArgumentError, ValueError):
         raise ConfigInvalid(setting, f"is not a database URL (e.g. postgresql+psycopg2://user@host/db or "
-                                     f"sqlite:///durable.sqlite), got {mask_password(value)}") from None
-    shown = repr(parsed.render_as_string(hide_password=True))
+                                     f"sqlite:///durable.sqlite), got {shown_url(value)!r}") from None
+    shown = repr(shown_url(parsed))
     backend = parsed.get_backend_name()
     if backend == "postgres":
         raise ConfigInvalid(setting, f"must name the dialect postgresql (SQLAlchemy has no 'postgres'), "
@@ -261,19 +262,6 @@ def database_url(value: Any) -> str:
         raise ConfigInvalid(setting, f"needs the {parsed.get_driver_name()} driver, which is not installed "
                                      f"({err}), got {shown}") from None
     return value
-
-
-def mask_password(raw: str) -> str:
-    """``raw``'s repr with what could be a password (between the user's ':' and the last '@') hidden.
-
-    For a string SQLAlchemy could not parse, so it cannot hide the password itself.
-    """
-    scheme, sep, rest = raw.partition("://") if "://" in raw else ("", "", raw)
-    if "@" in rest:
-        userinfo, _, after = rest.rpartition("@")
-        if ":" in userinfo:
-            rest = f"{userinfo.split(':', 1)[0]}:***@{after}"
-    return repr(f"{scheme}{sep}{rest}")
 
 
 def setting_of(config_field: Field[Any]) -> str:

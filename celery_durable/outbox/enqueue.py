@@ -18,6 +18,7 @@ from celery_durable.planning.checkpoints import encode
 from celery_durable.planning.outbox import OptionInvalid, chain_step_options, serialize_options, without_callbacks
 from celery_durable.store import outbox as store
 from celery_durable.store.engine import ensure_schema_in, resolve_url, store_url
+from celery_durable.store.urls import shown_url
 
 __all__ = ["enqueue"]
 
@@ -194,9 +195,9 @@ def _check_same_database(conn_url: sa.engine.URL, durable_url: str) -> None:
     if database_identity(conn_url) != database_identity(durable_url):
         raise OutboxDatabaseMismatch(
             f"outbox.enqueue needs a session or connection on the durable store's database "
-            f"({sa.engine.make_url(durable_url).render_as_string(hide_password=True)}, the app's "
+            f"({shown_url(durable_url)}, the app's "
             f"durable_database_url), got one on "
-            f"{conn_url.render_as_string(hide_password=True)}: a row committed elsewhere would never "
+            f"{shown_url(conn_url)}: a row committed elsewhere would never "
             f"be published, and a second transaction would not commit with yours",
             setting="durable_database_url",
         )

@@ -36,6 +36,7 @@ from celery_durable.store.engine import (
 )
 from celery_durable.store.notify import Waker
 from celery_durable.store.runs import render_error
+from celery_durable.store.urls import shown_url
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ class Relay:
         outbox_metrics.watch(self.url)
         listen = self.listen and sa.engine.make_url(self.url).get_backend_name() == "postgresql"
         self._waker = waker = Waker(ensure_engine_or_none(self.url) if listen else None)
-        logger.info("durable.relay.started url=%s batch_size=%s", _safe(self.url), self.batch_size)
+        logger.info("durable.relay.started url=%s batch_size=%s", shown_url(self.url), self.batch_size)
         try:
             while not self._stopping.is_set():
                 waker.clear()
@@ -264,7 +265,3 @@ def ensure_engine_or_none(url: str) -> Any:
         return ensure_schema(url)
     except Exception:  # noqa: BLE001 - the loop will report the store; wake-ups fall back to polling
         return None
-
-
-def _safe(url: str) -> str:
-    return sa.engine.make_url(url).render_as_string(hide_password=True)
