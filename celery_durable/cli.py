@@ -65,9 +65,11 @@ def relay(ctx: click.Context, batch_size: int | None, poll_interval: float | Non
     import logging
     import signal
 
+    from celery_durable import faults
     from celery_durable.config import DurableConfig
     from celery_durable.metrics.registry import serve
     from celery_durable.outbox.relay import Relay
+    from celery_durable.store.urls import shown_url
 
     app = ctx.obj.app
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s] %(name)s: %(message)s")
@@ -82,8 +84,8 @@ def relay(ctx: click.Context, batch_size: int | None, poll_interval: float | Non
     except ConfigInvalid as err:
         raise click.ClickException(str(err)) from None
     runner = Relay(app, batch_size=config.relay_batch_size, poll_interval=config.relay_poll_interval,
-                   retention=config.outbox_retention)
+                   retention=config.outbox_retention, faults=faults.of(app))
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: runner.stop())
-    click.echo(f"durable relay: publishing the outbox of {runner.url.split('@')[-1]}", err=True)
+    click.echo(f"durable relay: publishing the outbox of {shown_url(runner.url)}", err=True)
     runner.run()

@@ -6,8 +6,8 @@ import ipaddress
 import math
 import re
 import socket
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 import sqlalchemy as sa
@@ -15,6 +15,7 @@ from sqlalchemy import exc
 
 from celery_durable.errors import ConfigInvalid
 from celery_durable.store.schema import SUPPORTED_BACKENDS
+from celery_durable.store.urls import shown_url
 
 #: Slots a queue gets when ``durable_queue_concurrency`` does not name it.
 DEFAULT_QUEUE_SLOTS = 8
@@ -26,6 +27,24 @@ DEFAULT_LEASE_TTL = 30.0
 #: ``durable_metrics_port``: one port, or the first and last of a range the worker takes the first free one of.
 MetricsPort = int | tuple[int, int]
 
+#: Field metadata: the setting a field is read from, when it is not ``durable_<field name>``.
+_SETTING = "setting"
+#: Field metadata: which part of its setting's value a field takes (None: the field keeps its default).
+_READ = "read"
+
+
+def _per_queue(value: Any) -> Any:
+    return dict(value) if isinstance(value, Mapping) else None
+
+
+def _every_queue(value: Any) -> Any:
+    return None if isinstance(value, Mapping) else value
+
+
+# ``durable_queue_concurrency`` is one setting for two fields: a mapping names
+# per-queue slots, anything else is the slots of every queue it does not name.
+_QUEUE_CONCURRENCY = "durable_queue_concurrency"
+
 
 @dataclass(frozen=True)
 class DurableConfig:
@@ -36,8 +55,10 @@ class DurableConfig:
     """
 
     max_in_flight: int | None = None
-    default_queue_slots: int = DEFAULT_QUEUE_SLOTS
-    queue_slots: Mapping[str, int] = field(default_factory=dict)
+    default_queue_slots: int = field(default=DEFAULT_QUEUE_SLOTS,
+                                     metadata={_SETTING: _QUEUE_CONCURRENCY, _READ: _every_queue})
+    queue_slots: Mapping[str, int] = field(default_factory=dict,
+                                           metadata={_SETTING: _QUEUE_CONCURRENCY, _READ: _per_queue})
     execution: str = "prefork"
     safety_interval: float = 1.0
     #: Most ETA/countdown runs held waiting (they hold no slot until due).
@@ -213,15 +234,15 @@ def database_url(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         # An empty string usually is an unset environment variable: using the default
         # SQLite file instead would give each worker a store of its own.
-        shown = mask_password(value) if isinstance(value, str) else repr(value)
+        shown = repr(shown_url(value) if isinstance(value, str) else value)
         raise ConfigInvalid(setting, f"must be a PostgreSQL or SQLite URL (leave it unset for the default "
                                      f"SQLite file), got {shown}")
     try:
         parsed = sa.engine.make_url(value)
     except (exc.ArgumentError, ValueError):
         raise ConfigInvalid(setting, f"is not a database URL (e.g. postgresql+psycopg2://user@host/db or "
-                                     f"sqlite:///durable.sqlite), got {mask_password(value)}") from None
-    shown = repr(parsed.render_as_string(hide_password=True))
+                                     f"sqlite:///durable.sqlite), got {shown_url(value)!r}") from None
+    shown = repr(shown_url(parsed))
     backend = parsed.get_backend_name()
     if backend == "postgres":
         raise ConfigInvalid(setting, f"must name the dialect postgresql (SQLAlchemy has no 'postgres'), "
@@ -243,79 +264,43 @@ def database_url(value: Any) -> str:
     return value
 
 
-def mask_password(raw: str) -> str:
-    """``raw``'s repr with what could be a password (between the user's ':' and the last '@') hidden.
+def setting_of(config_field: Field[Any]) -> str:
+    """The ``durable_*`` setting a DurableConfig field is read from."""
+    setting: str = config_field.metadata.get(_SETTING, f"durable_{config_field.name}")
+    return setting
 
-    For a string SQLAlchemy could not parse, so it cannot hide the password itself.
-    """
-    scheme, sep, rest = raw.partition("://") if "://" in raw else ("", "", raw)
-    if "@" in rest:
-        userinfo, _, after = rest.rpartition("@")
-        if ":" in userinfo:
-            rest = f"{userinfo.split(':', 1)[0]}:***@{after}"
-    return repr(f"{scheme}{sep}{rest}")
+
+def _settings() -> dict[str, tuple[Field[Any], ...]]:
+    by_setting: dict[str, tuple[Field[Any], ...]] = {}
+    for config_field in fields(DurableConfig):
+        setting = setting_of(config_field)
+        by_setting[setting] = (*by_setting.get(setting, ()), config_field)
+    return by_setting
+
+
+#: Every ``durable_*`` setting, with the fields it is read into. Derived from DurableConfig,
+#: so a new setting is declared once, as a field (plus its check in ``__post_init__``).
+SETTINGS = _settings()
 
 
 def from_celery_conf(conf: Mapping[str, Any]) -> DurableConfig:
     """Read and validate every ``durable_*`` setting of a Celery app's conf."""
-    known = {
-        "durable_max_in_flight",
-        "durable_queue_concurrency",
-        "durable_execution",
-        "durable_safety_interval",
-        "durable_max_scheduled",
-        "durable_restore_interval",
-        "durable_drain_timeout",
-        "durable_idle_poll_interval",
-        "durable_metrics_port",
-        "durable_metrics_host",
-        "durable_relay",
-        "durable_relay_batch_size",
-        "durable_relay_poll_interval",
-        "durable_outbox_retention",
-        "durable_lease_ttl",
-        # Read by later parts of the package; accepted here so setting them
-        # does not refuse a worker's boot.
-        "durable_database_url",
-    }
     unknown = sorted(
-        key for key in conf if isinstance(key, str) and key.startswith("durable_") and key not in known
+        key for key in conf if isinstance(key, str) and key.startswith("durable_") and key not in SETTINGS
     )
     if unknown:
         raise ConfigInvalid(unknown[0], "is not a celery_durable setting (a typo?)")
 
-    slots = conf.get("durable_queue_concurrency")
-    default_slots, per_queue = DEFAULT_QUEUE_SLOTS, {}
-    if isinstance(slots, Mapping):
-        per_queue = dict(slots)
-    elif slots is not None:
-        default_slots = slots
-
-    kwargs: dict[str, Any] = {
-        "max_in_flight": conf.get("durable_max_in_flight"),
-        "default_queue_slots": default_slots,
-        "queue_slots": per_queue,
-    }
-    optional = {
-        "durable_execution": "execution",
-        "durable_safety_interval": "safety_interval",
-        "durable_max_scheduled": "max_scheduled",
-        "durable_restore_interval": "restore_interval",
-        "durable_drain_timeout": "drain_timeout",
-        "durable_idle_poll_interval": "idle_poll_interval",
-        "durable_metrics_port": "metrics_port",
-        "durable_metrics_host": "metrics_host",
-        "durable_relay": "relay",
-        "durable_relay_batch_size": "relay_batch_size",
-        "durable_relay_poll_interval": "relay_poll_interval",
-        "durable_outbox_retention": "outbox_retention",
-        "durable_lease_ttl": "lease_ttl",
-        "durable_database_url": "database_url",
-    }
-    for setting, name in optional.items():
-        value = conf.get(setting)
-        if value is not None:
-            kwargs[name] = value
+    kwargs: dict[str, Any] = {}
+    for setting, config_fields in SETTINGS.items():
+        raw = conf.get(setting)
+        if raw is None:
+            continue  # unset: the field's default
+        for config_field in config_fields:
+            read: Callable[[Any], Any] | None = config_field.metadata.get(_READ)
+            value = raw if read is None else read(raw)
+            if value is not None:
+                kwargs[config_field.name] = value
     return DurableConfig(**kwargs)
 
 

@@ -13,18 +13,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from celery import bootsteps
-from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
 from celery.worker.loops import asynloop
 
-
-def shutdown_requested() -> bool:
-    """A warm or cold shutdown was asked for (SIGTERM, SIGQUIT, ``celery control shutdown``).
-
-    ``celery.worker.state.should_stop``/``should_terminate`` are module globals
-    Celery's signal handlers set to an exit code, which may be 0 (celery 4–5.7).
-    """
-    return worker_state.should_stop is not None or worker_state.should_terminate is not None
+from celery_durable.compat.worker_state import raise_if_shutdown_requested
 
 
 class Claiming(Protocol):
@@ -122,7 +114,7 @@ def _polling_loop(obj: Any, connection: Any, stand_in: ClaimingTaskConsumer, blu
     obj.on_ready()
     interval = obj.idle_poll_interval()
     while blueprint.state == bootsteps.RUN and obj.connection:
-        worker_state.maybe_shutdown()
+        raise_if_shutdown_requested()
         obj.perform_pending_operations()
         obj.run_scheduled()
         try:

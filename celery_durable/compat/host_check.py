@@ -45,7 +45,7 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
              "Consumer.apply_eta_task", "Consumer.loop_args", "Consumer.create_task_handler",
              "Consumer.perform_pending_operations", "Consumer.on_ready", "Consumer.on_close"),
     *_points("compat.consumer", "celery.worker.loops", "asynloop"),
-    *_points("compat.consumer", "celery.worker.state", "should_stop", "should_terminate", "maybe_shutdown"),
+    *_points("compat.worker_state", "celery.worker.state", "should_stop", "should_terminate", "maybe_shutdown"),
     *_points("compat.request", "celery.worker.request",
              "Request._context", "Request.on_success", "Request.on_failure"),
     *_points("compat.asynpool", "celery.concurrency.asynpool",

@@ -16,9 +16,10 @@ from sqlalchemy.orm import Session
 from celery_durable.compat.canvas import chain_uses_links, is_chain, is_chord, merged_call, prepare_chain_steps
 from celery_durable.errors import NotJSON, OutboxDatabaseMismatch, OutboxInvalid
 from celery_durable.planning.checkpoints import encode
-from celery_durable.planning.outbox import OptionInvalid, chain_step_options, serialize_options
+from celery_durable.planning.outbox import OptionInvalid, chain_step_options, serialize_options, without_callbacks
 from celery_durable.store import outbox as store
 from celery_durable.store.engine import ensure_schema_in, resolve_url, store_url
+from celery_durable.store.urls import shown_url
 
 __all__ = ["enqueue"]
 
@@ -95,11 +96,8 @@ def _enqueue_chain(session_or_connection: Session | Connection, sig: Signature, 
     """
     app = sig.app
     _refuse_canvas_steps(sig)
-    merged = {k: v for k, v in dict(sig.options, **options).items() if v is not None}
-    for key in ("link", "link_error"):
-        if merged.get(key):
-            raise OutboxInvalid(f"outbox.enqueue(chain): {key} callbacks cannot be stored in the outbox "
-                                f"(a republish would start them again under new ids); it takes {_SUPPORTED}")
+    merged = _without_callbacks("outbox.enqueue(chain)",
+                                {k: v for k, v in dict(sig.options, **options).items() if v is not None})
     use_link = chain_uses_links(sig)
     if use_link or (use_link is None and app.conf.task_protocol == 1):
         raise OutboxInvalid("outbox.enqueue(chain) needs task protocol 2: protocol 1 links the steps with "
@@ -107,8 +105,7 @@ def _enqueue_chain(session_or_connection: Session | Connection, sig: Signature, 
     conn = _prepare(session_or_connection, app)
     # Consumed by _chain.run, not sent with the first task (task_id names the last step).
     last_task_id = merged.pop("task_id", None)
-    for key in ("group_id", "group_index", "chord", "root_id", "parent_id", "producer", "publisher",
-                "link", "link_error"):
+    for key in ("group_id", "group_index", "chord", "root_id", "parent_id", "producer", "publisher"):
         merged.pop(key, None)
     steps, results = prepare_chain_steps(sig, app, last_task_id)
     for step in steps:
@@ -118,17 +115,19 @@ def _enqueue_chain(session_or_connection: Session | Connection, sig: Signature, 
     first = steps.pop()
     # Signature.apply_async: the chain's options over the first step's own (group_id kept).
     args, kwargs, first_options = merged_call(first, merged)
-    for key in ("link", "link_error"):
-        if first_options.get(key):
-            raise OutboxInvalid(f"outbox.enqueue({first.task}): {key} callbacks cannot be stored in the "
-                                f"outbox (a republish would start them again under new ids); it takes "
-                                f"{_SUPPORTED}")
-        first_options.pop(key, None)
+    first_options = _without_callbacks(f"outbox.enqueue({first.task})", first_options)
     task_id = str(first_options.pop("task_id"))
     _insert(conn, app, first.task, args, kwargs, first_options, task_id, steps)
     # _chain.run returns the last step's frozen result (parents linked), or the
     # one task's own result for a chain of one.
     return results[0] if steps else app.AsyncResult(task_id)
+
+
+def _without_callbacks(where: str, options: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return without_callbacks(where, options)
+    except OptionInvalid as err:
+        raise OutboxInvalid(f"{err}; it takes {_SUPPORTED}") from None
 
 
 def _refuse_canvas_steps(sig: Signature) -> None:
@@ -196,9 +195,9 @@ def _check_same_database(conn_url: sa.engine.URL, durable_url: str) -> None:
     if database_identity(conn_url) != database_identity(durable_url):
         raise OutboxDatabaseMismatch(
             f"outbox.enqueue needs a session or connection on the durable store's database "
-            f"({sa.engine.make_url(durable_url).render_as_string(hide_password=True)}, the app's "
+            f"({shown_url(durable_url)}, the app's "
             f"durable_database_url), got one on "
-            f"{conn_url.render_as_string(hide_password=True)}: a row committed elsewhere would never "
+            f"{shown_url(conn_url)}: a row committed elsewhere would never "
             f"be published, and a second transaction would not commit with yours",
             setting="durable_database_url",
         )

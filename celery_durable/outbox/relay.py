@@ -13,7 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from celery_durable import faults
+from celery_durable.faults import NO_FAULTS, RELAY_AFTER_PUBLISH, FaultPoints
 from celery_durable.metrics import outbox as outbox_metrics
 from celery_durable.outbox.publishing import publish_batch
 from celery_durable.outbox.relay_probe import broker_problem, store_problem
@@ -36,6 +36,7 @@ from celery_durable.store.engine import (
 )
 from celery_durable.store.notify import Waker
 from celery_durable.store.runs import render_error
+from celery_durable.store.urls import shown_url
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class Relay:
                  poll_interval: float = 1.0, retention: float = 86400.0, flag_after: int = FLAG_AFTER,
                  listen: bool = True, now: Callable[[], datetime] = _now,
                  probe_every: float = PROBE_EVERY, jitter: float = BACKOFF_JITTER,
-                 draw: Callable[[], float] = random.random) -> None:
+                 draw: Callable[[], float] = random.random, faults: FaultPoints = NO_FAULTS) -> None:
         self.app = app
         self.url = resolve_url(url) if url is not None else store_url(app)
         self.batch_size = batch_size
@@ -86,6 +87,7 @@ class Relay:
         self.probe_every = probe_every
         self.jitter = jitter
         self._draw = draw
+        self._faults = faults
         self._stopping = threading.Event()
         self._waker: Waker | None = None
         self._next_purge = 0.0
@@ -113,7 +115,7 @@ class Relay:
                 published = publish_batch(self.app, producer, rows, self._now)
             if published.sent:
                 # Published, nothing marked yet: a crash here republishes these rows.
-                faults.reach(faults.RELAY_AFTER_PUBLISH)
+                self._faults.reach(RELAY_AFTER_PUBLISH)
             error = published.error
             failed_row = rows[published.sent] if error is not None else None
             outcome = settle_batch([r.id for r in rows], published.sent,
@@ -152,7 +154,7 @@ class Relay:
         outbox_metrics.watch(self.url)
         listen = self.listen and sa.engine.make_url(self.url).get_backend_name() == "postgresql"
         self._waker = waker = Waker(ensure_engine_or_none(self.url) if listen else None)
-        logger.info("durable.relay.started url=%s batch_size=%s", _safe(self.url), self.batch_size)
+        logger.info("durable.relay.started url=%s batch_size=%s", shown_url(self.url), self.batch_size)
         try:
             while not self._stopping.is_set():
                 waker.clear()
@@ -263,7 +265,3 @@ def ensure_engine_or_none(url: str) -> Any:
         return ensure_schema(url)
     except Exception:  # noqa: BLE001 - the loop will report the store; wake-ups fall back to polling
         return None
-
-
-def _safe(url: str) -> str:
-    return sa.engine.make_url(url).render_as_string(hide_password=True)

@@ -16,9 +16,9 @@ OPTION_KEYS = frozenset({
     "time_limit", "soft_time_limit", "shadow", "serializer", "argsrepr", "kwargsrepr",
 })
 
-#: Options of a chain's later steps that are refused: each run of the step would start its
-#: callbacks again under new ids, so a republished first message would too.
-CHAIN_STEP_REFUSED = ("link", "link_error")
+#: Callback options the outbox refuses, on a task or any step of a chain: each run would start
+#: its callbacks again under new ids, so a republished message would too.
+CALLBACK_OPTIONS = ("link", "link_error")
 
 #: The backoff between publish attempts of one row (and between failing relay passes).
 BACKOFF_BASE = 0.5
@@ -90,6 +90,15 @@ def serialize_options(options: Mapping[str, Any], now: datetime) -> dict[str, An
     return out
 
 
+def without_callbacks(where: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` less its (empty) callbacks; a callback set raises OptionInvalid naming ``where``."""
+    for key in CALLBACK_OPTIONS:
+        if options.get(key):
+            raise OptionInvalid(f"{where}: {key} callbacks cannot be stored in the outbox "
+                                f"(a republish would start them again under new ids)")
+    return {key: value for key, value in options.items() if key not in CALLBACK_OPTIONS}
+
+
 def chain_step_options(task: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON form of the options of a chain step after the first, as its message embed carries them.
 
@@ -100,12 +109,7 @@ def chain_step_options(task: str, options: Mapping[str, Any]) -> dict[str, Any]:
     queue) is dropped, as for the first task.
     """
     out: dict[str, Any] = {}
-    for key, value in options.items():
-        if key in CHAIN_STEP_REFUSED:
-            if value:
-                raise OptionInvalid(f"chain step {task}: {key} callbacks cannot be stored in the outbox "
-                                    f"(a republish would start them again under new ids)")
-            continue
+    for key, value in without_callbacks(f"chain step {task}", options).items():
         if key == "reply_to" or value is None:
             continue
         if key in ("eta", "expires") and isinstance(value, datetime):

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from celery_durable.errors import SchemaOutdated, StoreUnavailable
 from celery_durable.store.schema import HEAD_REVISION, VERSION_TABLE
+from celery_durable.store.urls import shown_url
 
 #: Where the store lives when ``durable_database_url`` is not set: a file in the working directory.
 DEFAULT_URL = "sqlite:///durable.sqlite"
@@ -128,8 +129,7 @@ def unavailable_as_error(url: str) -> Iterator[None]:
     try:
         yield
     except (exc.OperationalError, exc.InterfaceError) as err:
-        target = sa.engine.make_url(url).render_as_string(hide_password=True)
-        raise StoreUnavailable(f"the durable store at {target} is unavailable: "
+        raise StoreUnavailable(f"the durable store at {shown_url(url)} is unavailable: "
                                f"{str(err.orig or err).strip().splitlines()[0]}") from err
 
 
@@ -225,9 +225,8 @@ def _is_fresh(conn: Connection, url: str) -> bool:
     if found is None and not sa.inspect(conn).has_table("durable_runs"):
         return True
     if found != HEAD_REVISION:
-        target = sa.engine.make_url(url).render_as_string(hide_password=True)
         raise SchemaOutdated(
-            f"the durable store at {target} is at schema revision {found or 'none (unversioned)'}; "
+            f"the durable store at {shown_url(url)} is at schema revision {found or 'none (unversioned)'}; "
             f"this code needs {HEAD_REVISION}: run `celery -A proj durable migrate`"
         )
     return False

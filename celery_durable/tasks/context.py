@@ -13,8 +13,8 @@ from typing import Any
 from celery.exceptions import Ignore
 from sqlalchemy.engine import Connection, Engine
 
-from celery_durable import faults
 from celery_durable.errors import NotDurable, StoreUnavailable
+from celery_durable.faults import AFTER_COMMIT, BEFORE_COMMIT, BEFORE_FN, NO_FAULTS, FaultPoints
 from celery_durable.planning.checkpoints import Ledger, check_step_name, to_json
 from celery_durable.store import runs, steps
 from celery_durable.store.engine import autocommit, unavailable_as_error
@@ -39,6 +39,7 @@ class RunContext:
     engine: Engine    # for transactional steps, which need a transaction of their own
     url: str
     token: str = ""   # this attempt's lease token: a durable sleep hands the run to its wake-up with it
+    faults: FaultPoints = NO_FAULTS  # where a crash test stops this process
 
     def step(self, name: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
              transactional: bool = False) -> Any:
@@ -49,20 +50,20 @@ class RunContext:
         if not callable(fn):
             raise TypeError(f"step {name!r}: fn must be callable, got {fn!r}")
         what = f"the result of step {name!r}" + (f" (occurrence {key.occurrence})" if key.occurrence else "")
-        faults.reach(faults.BEFORE_FN)
+        self.faults.reach(BEFORE_FN)
         if transactional:
             with unavailable_as_error(self.url), self.engine.begin() as tx:
                 value = fn(tx, *args, **kwargs)
                 # Checked inside the transaction: a result we refuse rolls fn's effects back.
                 encoded = to_json(what, value)
                 steps.insert(tx, self.run.id, key, encoded)
-                faults.reach(faults.BEFORE_COMMIT)
+                self.faults.reach(BEFORE_COMMIT)
         else:
             value = fn(*args, **kwargs)
             encoded = to_json(what, value)
-            faults.reach(faults.BEFORE_COMMIT)
+            self.faults.reach(BEFORE_COMMIT)
             self._checkpoint_when_the_store_answers(key, encoded)
-        faults.reach(faults.AFTER_COMMIT)
+        self.faults.reach(AFTER_COMMIT)
         self.ledger.record(key, encoded)
         return value
 
@@ -108,8 +109,8 @@ class RunContext:
     def sleep(self, name: Any, seconds: float) -> None:
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
             raise ValueError(f"sleep {name!r}: seconds must be a number >= 0, got {seconds!r}")
-        check_step_name(name)
-        # The wake time is itself a step: a redelivery before it re-sleeps, one after returns.
+        # The wake time is itself a step (whose key checks the name first): a redelivery
+        # before it re-sleeps, one after returns.
         wake_at = self.step(name, _wake_time, (float(seconds),), {})
         remaining = wake_at - time.time()
         if remaining <= 0:

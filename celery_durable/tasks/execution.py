@@ -20,6 +20,7 @@ from typing import Any
 
 from celery.exceptions import Ignore, Reject, Retry
 
+from celery_durable import faults
 from celery_durable.config import lease_ttl
 from celery_durable.errors import NotDurable, RunExhausted, RunIdInvalid, StoreUnavailable
 from celery_durable.leases.keeper import keeper, new_token
@@ -113,7 +114,8 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
             return _duplicate(task, run)
         return _defer(task, run, verdict.delay)
 
-    ctx = RunContext(task=task, run=run, ledger=ledger, conn=conn, engine=engine, url=url, token=token)
+    ctx = RunContext(task=task, run=run, ledger=ledger, conn=conn, engine=engine, url=url, token=token,
+                     faults=faults.of(task.app))
     token_var = _current.set(ctx)
     keeper().hold(url, run.id, token, ttl)
     try:

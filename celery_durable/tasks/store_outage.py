@@ -14,18 +14,13 @@ import logging
 import os
 import threading
 
-from sqlalchemy.engine import make_url
-
 from celery_durable.metrics import count_files
+from celery_durable.store.urls import shown_url
 
 logger = logging.getLogger("celery_durable.store")
 
 _down: set[str] = set()
 _lock = threading.Lock()
-
-
-def _safe(url: str) -> str:
-    return make_url(url).render_as_string(hide_password=True)
 
 
 def _marker(url: str) -> str | None:
@@ -69,8 +64,8 @@ def unavailable(url: str, error: BaseException) -> None:
         _down.add(url)
     if _first_to_mark(url):
         logger.warning("durable.store.unavailable store=%s: %s; durable runs wait (re-sent, no retry spent) "
-                       "until it answers", _safe(url), error,
-                       extra={"event": "durable.store.unavailable", "store": _safe(url)})
+                       "until it answers", shown_url(url), error,
+                       extra={"event": "durable.store.unavailable", "store": shown_url(url)})
 
 
 def available(url: str) -> None:
@@ -82,8 +77,8 @@ def available(url: str) -> None:
             return
         _down.discard(url)
     if _first_to_unmark(url):
-        logger.warning("durable.store.available store=%s: answering again", _safe(url),
-                       extra={"event": "durable.store.available", "store": _safe(url)})
+        logger.warning("durable.store.available store=%s: answering again", shown_url(url),
+                       extra={"event": "durable.store.available", "store": shown_url(url)})
 
 
 def is_down(url: str) -> bool:

@@ -9,7 +9,8 @@ from typing import Any
 from celery import bootsteps, signals
 from celery.worker.consumer import Consumer
 
-from celery_durable.compat.consumer import ConsumerHooks, claiming_loop, shutdown_requested
+from celery_durable.compat.consumer import ConsumerHooks, claiming_loop
+from celery_durable.compat.worker_state import shutdown_requested
 from celery_durable.config import DurableConfig
 from celery_durable.metrics import worker_gauges
 from celery_durable.worker.boot import config_for

@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import bootsteps
 
-from celery_durable.compat.consumer import shutdown_requested
+from celery_durable.compat.worker_state import shutdown_requested
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +38,12 @@ class OutboxRelay(bootsteps.StartStopStep):
         config = getattr(c, "durable_config", None)
         if config is None or not config.relay or self.thread is not None:
             return
+        from celery_durable import faults
         from celery_durable.outbox.relay import Relay
 
         self.relay = Relay(c.app, batch_size=config.relay_batch_size,
-                           poll_interval=config.relay_poll_interval, retention=config.outbox_retention)
+                           poll_interval=config.relay_poll_interval, retention=config.outbox_retention,
+                           faults=faults.of(c.app))
         # Daemon: a relay stuck on a dead database must not hold the worker's exit.
         self.thread = threading.Thread(target=self._run, name="durable-outbox-relay", daemon=True)
         self.thread.start()

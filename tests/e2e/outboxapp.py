@@ -73,4 +73,4 @@ if _stall_after:
         observe("relay-stalled", "relay", pid=os.getpid())
         threading.Event().wait()  # held here, batch unmarked, until the test SIGKILLs the process
 
-    faults.hook = _stall
+    faults.install(app, _stall)

@@ -215,8 +215,9 @@ def _run_with_fault(store_url: str, run_id: str, point: str) -> None:
         if reached == point:
             os._exit(17)
 
-    faults.hook = die
-    _transactional_app(store_url).apply((3,), task_id=run_id)
+    place = _transactional_app(store_url)
+    faults.install(place.app, die)
+    place.apply((3,), task_id=run_id)
     os._exit(0)
 
 
