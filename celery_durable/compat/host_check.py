@@ -56,8 +56,14 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
              "Channel._q_for_pri", "Channel.priority_steps",
              "QoS.unacked_key", "QoS.unacked_index_key", "QoS.restore_visible"),
     *_points("compat.redis_claim", "kombu.transport.virtual", "QoS.append"),
-    *_points("compat.transport_guards", "kombu.transport.redis", "Channel._brpop_read"),
-    *_points("compat.transport_guards", "kombu.transport.sqlalchemy", "Channel._get", "Channel._get_or_create"),
+    *_points("compat.kombu_publish", "kombu.transport.redis", "Channel._inplace_augment_message"),
+    *_points("compat.redis_claim", "kombu.transport.redis", "Channel.unacked_restore_limit",
+             "Channel.visibility_timeout", "Channel.conn_or_acquire"),
+    *_points("compat.transport_guards", "kombu.transport.redis", "Channel._brpop_read", "Channel._in_poll",
+             "Channel.sep", "Channel.client"),
+    *_points("compat.transport_guards", "kombu.transport.virtual", "Transport._deliver", "Channel._put"),
+    *_points("compat.transport_guards", "kombu.transport.sqlalchemy", "Channel._get", "Channel._get_or_create",
+             "Channel.session", "Channel.message_cls"),
     *_points("compat.kombu_publish", "kombu.messaging", "Producer._publish"),
     *_points("compat.amqp", "amqp.channel",
              "Channel.send_method", "Channel.wait", "Channel._on_get_ok", "Channel._basic_publish"),
@@ -69,7 +75,8 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
 OPTIONAL_TOUCH_POINTS: tuple[TouchPoint, ...] = (
     *_points("compat.request", "celery.worker.request", "Request._eta_timer_entry"),          # celery 5.7
     *_points("compat.redis_claim", "kombu.transport.redis", "Channel._maybe_update_queues_expire"),  # kombu 5.7
-    *_points("compat.kombu_publish", "kombu.transport.redis", "Channel.create_publish_batch"),  # kombu 5.7
+    *_points("compat.kombu_publish", "kombu.transport.redis", "Channel.create_publish_batch",  # kombu 5.7
+             "Channel.supports_batch_publish"),
 )
 
 #: The releases compat was tested on: (first, first release past the range).

@@ -42,7 +42,8 @@ def redis_batch_supported(channel: Any) -> bool:
     """kombu's Redis channel has the publish-batch hook (5.7+) and redis-py will not replay a pipeline."""
     # supports_batch_publish is False when redis-py would replay a pipeline on
     # a timeout, which could run a whole EXEC twice.
-    return hasattr(channel, "create_publish_batch") and bool(getattr(channel, "supports_batch_publish", False))
+    return (hasattr(channel, "create_publish_batch") and hasattr(channel, "_inplace_augment_message")
+            and bool(getattr(channel, "supports_batch_publish", False)))
 
 
 class CommandSink(Protocol):

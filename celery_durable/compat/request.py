@@ -17,9 +17,13 @@ def waits_for_eta(request: Any, *, in_pool: bool) -> bool:
     did not hand to the pool is on the timer (their strategy times every ETA
     request, a past one included, and executes every other at once).
     """
+    if in_pool:
+        # The entry is never cleared once it fired: a (past) ETA that fired on the
+        # timer thread before the claimer asked has sent the request to the pool.
+        return False
     if _RECORDS_ETA_ENTRY:
         return getattr(request, "_eta_timer_entry", None) is not None
-    return getattr(request, "eta", None) is not None and not in_pool
+    return getattr(request, "eta", None) is not None
 
 
 _RECORDS_ETA_ENTRY = hasattr(Request, "_eta_timer_entry")

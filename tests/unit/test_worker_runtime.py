@@ -31,8 +31,9 @@ class Request:
         self.message = message
         self.id: str = message.headers["id"]
         self.acknowledged = False
-        # Celery sets this once it has put the request on its ETA timer.
+        # Celery 5.7 sets this once it has put the request on its ETA timer; 5.5/5.6 go by ``eta``.
         self._eta_timer_entry = object() if eta else None
+        self.eta = "2030-01-01T00:00:00+00:00" if eta else None
         # Celery's Request caches its Context in __dict__; the revoke signal sends that very object.
         self._context = Context(self.id)
 

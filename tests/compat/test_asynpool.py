@@ -1,0 +1,95 @@
+"""compat.asynpool: the prefork pool calls ``_event_process_exit`` for a dead child; its state is where we look."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import billiard.pool
+import pytest
+from billiard.pool import RUN
+from celery.concurrency.asynpool import AsynPool
+from kombu.asynchronous import Hub
+
+from celery_durable.compat.asynpool import ReapingAsynPool
+
+#: Celery's own look at the pool (maintain_pool on a timer) comes after 5 s; the exit path is much sooner.
+REPLACED_WITHIN = 3.0
+
+
+class RecordingPool(ReapingAsynPool):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.exits: list[tuple[Any, Any]] = []
+        super().__init__(*args, **kwargs)
+
+    def _event_process_exit(self, hub: Any, proc: Any) -> None:
+        self.exits.append((hub, proc))
+        super()._event_process_exit(hub, proc)
+
+
+@pytest.fixture(scope="module")
+def pool_on_hub() -> Iterator[tuple[RecordingPool, Hub]]:
+    """A one-child prefork pool registered with an event loop, as Celery's prefork TaskPool runs it.
+
+    Shared by the module (a pool's terminate takes half a second); each test
+    holds whatever child is listed at its start.
+    """
+    pool = RecordingPool(processes=1, threads=False)
+    hub = Hub()
+    try:
+        pool.register_with_event_loop(hub)
+        yield pool, hub
+    finally:
+        for proc in list(pool._pool):
+            # Dead children make the pool's terminate short (it joins each child).
+            if proc.exitcode is None:
+                os.kill(proc.pid, signal.SIGKILL)
+        pool.terminate()
+        hub.close()
+
+
+def test_asynpool_event_process_exit_takes_hub_and_proc() -> None:
+    assert list(inspect.signature(AsynPool._event_process_exit).parameters) == ["self", "hub", "proc"]
+    assert list(inspect.signature(AsynPool.maintain_pool).parameters)[0] == "self"
+
+
+def test_billiard_pool_run_is_a_running_pools_state(pool_on_hub: tuple[RecordingPool, Hub]) -> None:
+    pool, _ = pool_on_hub
+    assert pool._state == RUN == billiard.pool.RUN
+    assert billiard.pool.CLOSE != RUN and billiard.pool.TERMINATE != RUN
+
+
+def test_asynpool_lists_its_children_in_pool(pool_on_hub: tuple[RecordingPool, Hub]) -> None:
+    pool, _ = pool_on_hub
+    [proc] = pool._pool
+    assert isinstance(pool._pool, list)
+    assert proc.pid and proc.is_alive()
+    assert pool._still_listed(proc)
+
+
+def test_asynpool_event_process_exit_runs_when_a_child_dies_and_maintain_pool_replaces_it(
+        pool_on_hub: tuple[RecordingPool, Hub]) -> None:
+    pool, hub = pool_on_hub
+    pool.exits.clear()
+    [proc] = pool._pool
+    os.kill(proc.pid, signal.SIGKILL)
+    loop = hub.create_loop()
+    deadline = time.monotonic() + REPLACED_WITHIN
+    while time.monotonic() < deadline and (pool._still_listed(proc) or not pool._pool):
+        next(loop)
+    assert pool.exits and pool.exits[0] == (hub, proc), "the child's sentinel must call _event_process_exit"
+    assert not pool._still_listed(proc), f"the dead child was not reaped within {REPLACED_WITHIN}s"
+    [replacement] = pool._pool
+    assert replacement is not proc and replacement.is_alive()
+
+
+def test_billiard_pool_state_leaves_run_when_terminated() -> None:
+    pool = ReapingAsynPool(processes=1, threads=False)
+    for proc in pool._pool:
+        os.kill(proc.pid, signal.SIGKILL)
+    pool.terminate()
+    assert pool._state != RUN
