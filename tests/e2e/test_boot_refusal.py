@@ -207,8 +207,7 @@ def test_a_wildcard_metrics_host_is_served_with_one_warning(scenario):
 @pytest.mark.parametrize("removed, named", [
     pytest.param("kombu.transport.redis:Channel._q_for_pri", "kombu.transport.redis.Channel._q_for_pri",
                  id="kombu-redis-priority-lists"),
-    pytest.param("celery.worker.request:Request._eta_timer_entry", "celery.worker.request.Request._eta_timer_entry",
-                 id="celery-request-eta-entry"),
+    pytest.param("amqp.channel:Channel._on_get_ok", "amqp.channel.Channel._on_get_ok", id="py-amqp-get-ok"),
     pytest.param("celery.worker.consumer.consumer:Consumer._limit_post_eta",
                  "celery.worker.consumer.consumer.Consumer._limit_post_eta", id="celery-consumer-rate-limit-eta"),
 ])
