@@ -1,7 +1,7 @@
 """Side-by-side benchmark of ``-P durable`` against stock Celery workers, same broker, same run.
 
     /work/venv/bin/python benchmarks/worker_bench.py [--broker redis|rabbitmq|all] [--quick]
-                                                     [--rounds N] [--write benchmarks/RESULTS.md]
+                                                     [--rounds N] [--scenarios a,b] [--write benchmarks/RESULTS.md]
 
 Scenarios (each on its own unique queues, cleaned up afterwards):
 
@@ -14,6 +14,9 @@ Scenarios (each on its own unique queues, cleaned up afterwards):
                worst short-task start latency (ideal ≈ 1.2 s).
 4. isolation   one worker -c4; 40 × 1 s tasks on `bulk`, then 40 × 10 ms on `interactive`;
                p50/p99 start latency of the interactive tasks.
+5. queues      2,000 no-op tasks on the LAST of 1, 10, 50, 200 queues (others empty), and spread
+               over 50; stock vs durable prefork -c2; the durable worker's claim round trips per
+               pass (inspect stats: claim_round_trips / claim_passes).
 
 Workers are real ``python -m celery -A benchapp worker`` subprocesses run at ``-l warning``
 (no per-task log lines); readiness is read from their log with a deadline, and they are
@@ -29,6 +32,7 @@ import math
 import os
 import shlex
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -88,7 +92,7 @@ class Variant:
     conf: dict[str, Any] = field(default_factory=dict)
     args: tuple[str, ...] = ()
     redis_only: bool = False
-    #: The app module the worker runs (-A): benchapp, or an experiment under benchmarks/experiments.
+    #: The app module the worker runs (-A).
     app: str = "benchapp"
 
     @property
@@ -131,7 +135,7 @@ class Worker:
             BENCH_QUEUES=",".join(queues),
             BENCH_CONF=json.dumps(variant.conf),
             BENCH_OBSERVE=OBSERVE_URL,
-            PYTHONPATH=os.pathsep.join([str(HERE), str(HERE / "experiments"), str(REPO),
+            PYTHONPATH=os.pathsep.join([str(HERE), str(REPO),
                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         )
         self.argv = [sys.executable, "-m", "celery", "-A", variant.app, "worker",
@@ -144,6 +148,10 @@ class Worker:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    @property
+    def hostname(self) -> str:
+        return self.name.replace("%h", socket.gethostname())
 
     def check_alive(self) -> None:
         if self.process.poll() is not None:
@@ -335,6 +343,41 @@ def run_pickup(broker: Broker, variant: Variant, samples: int, warmup: int = 10,
         broker.cleanup([queue], workers, [key])
 
 
+def run_many_queues(broker: Broker, variant: Variant, count: int, queue_count: int,
+                    spread: bool) -> dict[str, Any]:
+    """``count`` no-op tasks on the LAST of ``queue_count`` queues (or spread over all), the others empty."""
+    queues = broker.queues(*[f"mq{i}" for i in range(queue_count)])
+    key = f"bench:mq:{uuid.uuid4().hex}"
+    workers: list[Worker] = []
+    try:
+        broker.declare(queues)
+        targets = queues if spread else queues[-1:]
+        with broker.app.producer_or_acquire() as producer:
+            for i in range(count):
+                broker.app.send_task("bench.noop", args=[key], queue=targets[i % len(targets)], producer=producer)
+        w = broker.worker(queues, variant)
+        workers.append(w)
+        w.wait_ready()
+
+        def done() -> bool:
+            w.check_alive()
+            return int(broker.observer.get(f"{key}:n") or 0) >= count
+        wait_for(done, timeout=60 + count / 20, what=f"{count} tasks over {queue_count} queues", every=0.1)
+        first = float(broker.observer.get(f"{key}:first"))
+        last = float(broker.observer.get(f"{key}:last"))
+        figures: dict[str, Any] = {"rate": count / (last - first)}
+        if variant.durable:
+            stats = broker.app.control.inspect(destination=[w.hostname], timeout=3).stats() or {}
+            durable = next(iter(stats.values()), {}).get("durable", {})
+            passes = durable.get("claim_passes") or 0
+            if passes:
+                figures["round_trips_per_pass"] = durable.get("claim_round_trips", 0) / passes
+        return figures
+    finally:
+        stop_all(workers)
+        broker.cleanup(queues, workers, [f"{key}:n", f"{key}:first", f"{key}:last"])
+
+
 def _collect(broker: Broker, key: str, count: int, workers: Sequence[Worker], timeout: float) -> list[dict[str, Any]]:
     def enough() -> bool:
         for w in workers:
@@ -426,6 +469,17 @@ def pickup_variants() -> list[Variant]:
         Variant("stock prefork -c2", "prefork", 2),
         Variant("durable prefork -c2", "durable", 2, {"durable_max_in_flight": 2}),
     ]
+
+
+def many_queue_variants() -> list[Variant]:
+    return [
+        Variant("stock prefork -c2", "prefork", 2),
+        Variant("durable prefork -c2", "durable", 2, {"durable_max_in_flight": 2}),
+    ]
+
+
+#: (queues served, work spread over all of them?) for the many-queues scenario.
+MANY_QUEUE_CASES = [(1, False), (10, False), (50, False), (200, False), (50, True)]
 
 
 def hol_variants() -> list[Variant]:
@@ -536,6 +590,36 @@ def render(rows: list[Row], *, count: int, rounds: int, samples: int, iso: tuple
                           f"{f['worst'] / f['ideal']:.2f}×"])
         table(["broker", "workers", "worst short task", "p50 short task", "worst / ideal"], lines)
 
+    mq = by("queues")
+    if mq:
+        out.append("### 5. Many queues (2,000 no-op tasks on the LAST of N queues, the others empty, or spread "
+                   "over all; prefork -c2; tasks/s, median of the rounds; claim round trips per pass)")
+        out.append("")
+        lines = []
+        cases = sorted({(r.broker, r.figures.get("queues", 0), r.figures.get("spread", False)) for r in mq
+                        if not r.error}, key=lambda c: (c[0], c[2], c[1]))
+        for kind, n, spread in cases:
+            def rates(durable: bool, kind: str = kind, n: int = n, spread: bool = spread) -> list[float]:
+                return [r.figures["rate"] for r in mq if not r.error and r.broker == kind
+                        and r.variant.durable is durable and r.figures["queues"] == n
+                        and r.figures["spread"] == spread]
+            trips = [r.figures["round_trips_per_pass"] for r in mq if not r.error and r.broker == kind
+                     and r.variant.durable and r.figures["queues"] == n and r.figures["spread"] == spread
+                     and "round_trips_per_pass" in r.figures]
+            stock, durable = rates(False), rates(True)
+            if not stock or not durable:
+                continue
+            ratio = statistics.median(durable) / statistics.median(stock)
+            lines.append([kind, str(n), "all" if spread else "last", fmt(statistics.median(stock)),
+                          fmt(statistics.median(durable)), f"**{ratio:.2f}×**",
+                          f"{statistics.median(trips):.2f}" if trips else "?"])
+        table(["broker", "queues", "work on", "stock tasks/s", "durable tasks/s", "durable / stock",
+               "round trips / pass"], lines)
+        failures = [r for r in mq if r.error]
+        for r in failures:
+            out.append(f"- FAILED {r.broker} {r.variant.label}: {r.error[:100]}")
+        out.append("")
+
     iso_rows = by("isolation")
     if iso_rows:
         out.append(f"### 4. Isolation (one worker -c4 prefork; {iso[0]} × 1 s on bulk, then {iso[1]} × 10 ms "
@@ -599,27 +683,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     parser.add_argument("--rounds", type=int, default=None, help="throughput rounds (default 3; 1 with --quick)")
     parser.add_argument("--scenarios", default="throughput,pickup,hol,isolation",
-                        help="comma list of throughput,pickup,hol,isolation")
+                        help="comma list of throughput,pickup,hol,isolation,queues")
     parser.add_argument("--write", metavar="PATH", help="also write the tables (markdown) to PATH")
-    parser.add_argument("--experiment", metavar="MODULE",
-                        help="also run every durable variant with -A MODULE (a patched app in "
-                             "benchmarks/experiments/), side by side with the unpatched one")
     args = parser.parse_args(argv)
 
     def plan(variants: list[Variant]) -> list[Variant]:
-        if not args.experiment:
-            return variants
-        out: list[Variant] = []
-        for v in variants:
-            out.append(v)
-            if v.durable:
-                out.append(replace(v, label=f"{v.label} + {args.experiment}", app=args.experiment))
-        return out
+        return variants
 
     count = 500 if args.quick else 5000
     rounds = args.rounds or (1 if args.quick else 3)
     samples = 30 if args.quick else 200
     iso = (16, 16) if args.quick else (40, 40)
+    mq_count = 500 if args.quick else 2000
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     kinds = ["redis", "rabbitmq"] if args.broker == "all" else [args.broker]
     log_dir = Path(tempfile.mkdtemp(prefix="worker-bench-"))
@@ -683,6 +758,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 figures = attempt("hol", broker, v, lambda v=v: run_head_of_line(broker, v))
                 if figures is not None:
                     rows.append(Row("hol", kind, v, figures))
+        if "queues" in scenarios:
+            for queue_count, spread in MANY_QUEUE_CASES:
+                for _ in range(rounds):
+                    for v in applicable(plan(many_queue_variants())):
+                        figures = attempt(f"queues{queue_count}{'s' if spread else ''}", broker, v,
+                                          lambda v=v: run_many_queues(broker, v, mq_count, queue_count, spread))
+                        if figures is not None:
+                            rows.append(Row("queues", broker.kind, v, {**figures, "queues": queue_count,
+                                                                       "spread": spread}))
         if "isolation" in scenarios:
             for v in applicable(plan(isolation_variants())):
                 figures = attempt("isolation", broker, v, lambda v=v: run_isolation(broker, v, *iso))

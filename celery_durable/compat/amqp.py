@@ -28,6 +28,24 @@ def pipelined_gets(channel: Any, queue: str, count: int) -> list[Any]:
     return [channel._on_get_ok(*reply) for reply in replies if reply and len(reply) >= 2]
 
 
+def pipelined_ready_counts(channel: Any, queues: list[str]) -> dict[str, int]:
+    """Each queue's ready messages, for all of ``queues`` in about one round trip.
+
+    A passive ``queue.declare`` per queue, all written before any reply is read
+    (py-amqp has no public pipelining: ``Channel.send_method`` with the
+    ``Queue.Declare`` frame format ``"BsbbbbbF"``, as ``Channel.queue_declare``
+    writes it in py-amqp 5.x, then ``Channel.wait`` for each ``DeclareOk``,
+    whose message count is the ready messages, not those held unacked).
+    """
+    for queue in queues:
+        channel.send_method(spec.Queue.Declare, "BsbbbbbF", (0, queue, True, False, False, False, False, {}))
+    counts = {}
+    for queue in queues:
+        _, message_count, _ = channel.wait(spec.Queue.DeclareOk, returns_tuple=True)
+        counts[queue] = int(message_count)
+    return counts
+
+
 def publish_unconfirmed(channel: Any, message: Any, *, exchange: str, routing_key: str,
                         mandatory: bool = False, immediate: bool = False) -> None:
     """py-amqp's plain publish (``Channel._basic_publish``, 5.x) on a channel in confirm mode.

@@ -67,7 +67,8 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     *_points("compat.kombu_publish", "kombu.messaging", "Producer._publish"),
     *_points("compat.amqp", "amqp.channel",
              "Channel.send_method", "Channel.wait", "Channel._on_get_ok", "Channel._basic_publish"),
-    *_points("compat.amqp", "amqp.spec", "Basic.Get", "Basic.GetOk", "Basic.GetEmpty"),
+    *_points("compat.amqp", "amqp.spec", "Basic.Get", "Basic.GetOk", "Basic.GetEmpty", "Queue.Declare",
+             "Queue.DeclareOk"),
 )
 
 #: Names compat uses when the installed release has them, and does without otherwise

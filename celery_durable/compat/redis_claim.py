@@ -103,3 +103,112 @@ def restore_expired(channel: Any) -> None:
     """kombu's restore of messages whose visibility timeout passed (``QoS.restore_visible``, 5.x)."""
     # interval=1: kombu's own throttle counts calls; ours is the timer.
     channel.qos.restore_visible(num=channel.unacked_restore_limit, interval=1)
+
+
+# A whole claim pass in one script call: the sweep of planning/claim_sweep.py
+# (next_ask/record), walked server-side over the queues in the pass's rotated
+# order, each ask popping and recording as _CLAIM_LUA does. The Python planner
+# replays the asks this returns and refuses a pass that differs from its own
+# plan, so the rules live in one place and this is only their executor.
+# KEYS: unacked index, unacked hash, then per queue (in ARGV order): its parked
+# list and its priority lists (ARGV[3] of them).
+# ARGV: now, room (-1: no process cap), lists per queue, queue count, then each
+# queue's free slots.
+# Returns {asks, parked}: each ask {queue number, count, items, tags}, each
+# parked item {queue number, item}.
+_PASS_LUA = """
+local now = ARGV[1]
+local room = tonumber(ARGV[2])
+local steps = tonumber(ARGV[3])
+local nq = tonumber(ARGV[4])
+local free = {}
+local to_ask = {}
+for q = 1, nq do
+  free[q] = tonumber(ARGV[4 + q])
+  to_ask[#to_ask + 1] = q
+end
+local again = {}
+local asks = {}
+local parked = {}
+local function pop(q, want)
+  local items, tags = {}, {}
+  local base = 2 + (q - 1) * (steps + 1)
+  for i = base + 2, base + 1 + steps do
+    while #items < want do
+      local item = redis.call('RPOP', KEYS[i])
+      if not item then break end
+      local ok, msg = pcall(cjson.decode, item)
+      local props = ok and type(msg) == 'table' and msg['properties']
+      local info = type(props) == 'table' and props['delivery_info']
+      local tag = type(props) == 'table' and props['delivery_tag']
+      if type(info) == 'table' and type(tag) == 'string' then
+        redis.call('ZADD', KEYS[1], now, tag)
+        redis.call('HSET', KEYS[2], tag,
+          '[' .. item .. ',' .. cjson.encode(info['exchange']) .. ',' .. cjson.encode(info['routing_key']) .. ']')
+        items[#items + 1] = item
+        tags[#tags + 1] = tag
+      else
+        redis.call('LPUSH', KEYS[base + 1], item)
+        parked[#parked + 1] = {q, item}
+      end
+    end
+    if #items >= want then break end
+  end
+  return items, tags
+end
+while true do
+  if room == 0 then break end
+  if #to_ask == 0 then
+    if #again == 0 then break end
+    to_ask = again
+    again = {}
+  end
+  local q = table.remove(to_ask, 1)
+  local slots = free[q]
+  if slots > 0 then
+    local count, share_bound = slots, false
+    if room > 0 then
+      local share = math.ceil(room / (#to_ask + 1))
+      if share < slots then count, share_bound = share, true end
+    end
+    local items, tags = pop(q, count)
+    local got = #items
+    asks[#asks + 1] = {q, count, items, tags}
+    if got > 0 then
+      free[q] = free[q] - got
+      if room > 0 then room = room - got end
+      if share_bound and got == count and free[q] > 0 then again[#again + 1] = q end
+    end
+  end
+end
+return {asks, parked}
+"""
+
+
+def register_pass(client: Any) -> Any:
+    """The whole-pass claim script registered on ``client`` (redis-py ``Script``)."""
+    return client.register_script(_PASS_LUA)
+
+
+def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked_lists: list[str],
+               free: list[int], room: int | None,
+               now: float) -> tuple[list[tuple[str, int, list[Any], list[Any]]], list[tuple[str, Any]]]:
+    """One script call for a whole pass over ``queues`` (in the pass's order).
+
+    Returns the asks it made, each ``(queue, count, items, tags)``, and the
+    items it parked, each ``(queue, item)``.
+    """
+    qos = channel.qos
+    keys: list[str] = [qos.unacked_index_key, qos.unacked_key]
+    for queue, parked in zip(queues, parked_lists):
+        keys += [parked, *priority_lists(channel, queue)]
+    args = [repr(now), -1 if room is None else room, len(channel.priority_steps), len(queues), *free]
+    asks, parked_items = script(keys=keys, args=args, client=client)
+    refresh_expiry = getattr(channel, "_maybe_update_queues_expire", None)
+    taken = []
+    for number, count, items, tags in asks:
+        queue = queues[int(number) - 1]
+        if refresh_expiry is not None:
+            refresh_expiry(client, queue)
+        taken.append((queue, int(count), list(items), list(tags)))
+    return taken, [(queues[int(number) - 1], item) for number, item in parked_items]

@@ -11,8 +11,9 @@ from kombu.messaging import Consumer as KombuConsumer
 
 from celery_durable.compat.request import waits_for_eta
 from celery_durable.compat.transport_guards import guard_channel
-from celery_durable.planning.claim_sweep import begin_sweep, next_ask, record, waitable_queues
-from celery_durable.worker.fetchers import Fetcher, fetcher_for
+from celery_durable.errors import InvariantBroken
+from celery_durable.planning.claim_sweep import Sweep, begin_sweep, next_ask, record, waitable_queues
+from celery_durable.worker.fetchers import Fetcher, PassFetcher, ProbingFetcher, fetcher_for
 from celery_durable.worker.parking import POISON_POLICY, Parker, parker_for, undecodable
 from celery_durable.worker.process_cap import HeldRun, HeldRuns
 
@@ -148,14 +149,20 @@ class Claimer:
         order = [name for name in self.held.queues() if name in queues]
         free = self.held.free_slots()
         room = self.held.room()
-        sweep = begin_sweep(order, {q: free.get(q, 0) for q in order}, room, self.cursor)
+        free = {q: free.get(q, 0) for q in order}
+        if isinstance(self._fetcher, ProbingFetcher) and room > 0:
+            free = self._probed(self._fetcher, free)
+        sweep = begin_sweep(order, free, room, self.cursor)
         self.passes += 1
-        while self.claiming:
-            ask, sweep = next_ask(sweep)
-            if ask is None:
-                break
-            got = self._fetch(queues[ask.queue], ask.count)
-            sweep = record(sweep, ask, got)
+        if isinstance(self._fetcher, PassFetcher) and self.claiming:
+            sweep = self._run_whole_pass(self._fetcher, sweep)
+        else:
+            while self.claiming:
+                ask, sweep = next_ask(sweep)
+                if ask is None:
+                    break
+                got = self._fetch(queues[ask.queue], ask.count)
+                sweep = record(sweep, ask, got)
         self.cursor = sweep.cursor
         if self.claiming and self.held.room() > 0 and not self._kick_pending:
             # Every queue with a free slot gave less than it was asked for: wait
@@ -164,6 +171,42 @@ class Claimer:
             # arming now would cost a consume and a cancel for nothing.
             self._arm_idle_wait(queues)
         return sweep.claimed
+
+    @staticmethod
+    def _probed(fetcher: ProbingFetcher, free: dict[str, int]) -> dict[str, int]:
+        """Free slots capped by each queue's ready messages, so a pass asks only queues with work.
+
+        Worth its round trip only when two or more queues could be asked: an
+        empty queue would otherwise cost an ask each. A message arriving on a
+        queue after it read empty is not lost: the idle wait armed after the
+        pass takes it.
+        """
+        open_queues = [q for q, slots in free.items() if slots > 0]
+        if len(open_queues) < 2:
+            return free
+        ready = fetcher.ready_counts(open_queues)
+        return {q: min(slots, ready.get(q, slots)) for q, slots in free.items()}
+
+    def _run_whole_pass(self, fetcher: PassFetcher, sweep: Sweep) -> Sweep:
+        """The pass in one broker round trip; the planner replays its asks and must agree with each."""
+        results = fetcher.claim_pass(sweep.to_ask, sweep.free, sweep.room)
+        unreadable = 0
+        for result in results:
+            ask, sweep = next_ask(sweep)
+            if ask is None or (ask.queue, ask.count) != (result.queue, result.count):
+                raise InvariantBroken(f"the broker's claim pass asked {result.queue!r} for {result.count}, "
+                                      f"the planner {ask!r}")
+            sweep = record(sweep, ask, result.taken)
+            # A message already taken from the broker is admitted even if a stop
+            # came meanwhile: it is counted, and the drain hands it back.
+            for message in result.messages:
+                self._admit(result.queue, message)
+            unreadable += result.taken - len(result.messages)
+        if unreadable:
+            # Items Python could not read were parked after they took room in the
+            # pass: another pass fills it.
+            self.kick()
+        return sweep
 
     def _fetch(self, queue: Any, count: int) -> int:
         got = 0
@@ -226,6 +269,11 @@ class Claimer:
         run = self._admitting
         if run is not None and request.message is run.message:
             run.request = request
+
+    @property
+    def round_trips(self) -> int:
+        """Broker round trips the claim passes made (the idle wait's deliveries not included)."""
+        return self._fetcher.round_trips if self._fetcher is not None else 0
 
     # -- the idle wait -----------------------------------------------------------
     def idle_waiting_on(self) -> set[str]:

@@ -2,21 +2,53 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from time import time
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from kombu.serialization import prepare_accept_content
 
 from celery_durable.compat import redis_claim
-from celery_durable.compat.amqp import pipelined_gets, supports_pipelined_gets
+from celery_durable.compat.amqp import pipelined_gets, pipelined_ready_counts, supports_pipelined_gets
 from celery_durable.compat.transport_guards import guard_channel
 from celery_durable.worker.parking import POISON_POLICY, envelope, log_parked, park_redis_items, parked_name
 
 
 class Fetcher(Protocol):
+    @property
+    def round_trips(self) -> int:
+        """Broker round trips this fetcher's claims made (``claim_round_trips`` in inspect stats)."""
+        ...
+
     def fetch(self, queue: Any, count: int, keep_going: Callable[[], bool]) -> Iterator[Any]:
         """Yield at most ``count`` messages from ``queue``, each held unacked by this worker."""
+        ...
+
+
+@dataclass(frozen=True)
+class PassAsk:
+    """One ask of a pass a broker ran whole: what was asked, how many the broker took, those readable."""
+
+    queue: str
+    count: int
+    taken: int
+    messages: list[Any]
+
+
+@runtime_checkable
+class ProbingFetcher(Fetcher, Protocol):
+    """A fetcher that can learn, in about one round trip, which of many queues hold ready messages."""
+
+    def ready_counts(self, queues: Sequence[str]) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class PassFetcher(Fetcher, Protocol):
+    """A fetcher that runs a whole claim pass in one broker round trip."""
+
+    def claim_pass(self, order: Sequence[str], free: Mapping[str, int], room: int | None) -> list[PassAsk]:
+        """Run the sweep over ``order`` (already rotated) server-side; the asks it made, in order."""
         ...
 
 
@@ -26,11 +58,13 @@ class GetFetcher:
     def __init__(self, channel: Any, accept: Any) -> None:
         self._channel = channel
         self._accept = prepare_accept_content(accept)
+        self.round_trips = 0
 
     def fetch(self, queue: Any, count: int, keep_going: Callable[[], bool]) -> Iterator[Any]:
         channel = self._channel
         taken = 0
         while taken < count and keep_going():
+            self.round_trips += 1
             # kombu's Queue.get, without its re-raise of a decompression error:
             # the claimer parks such a message instead of dying of it.
             raw = channel.basic_get(queue=queue.name, no_ack=False)
@@ -49,6 +83,8 @@ class RedisFetcher:
         self._channel = channel
         self._accept = prepare_accept_content(accept)
         self._script: Any = None
+        self._pass_script: Any = None
+        self.round_trips = 0
 
     def fetch(self, queue: Any, count: int, keep_going: Callable[[], bool]) -> Iterator[Any]:
         wanted = count
@@ -68,6 +104,7 @@ class RedisFetcher:
         with channel.conn_or_acquire() as client:
             if self._script is None:
                 self._script = redis_claim.register(client)
+            self.round_trips += 1
             items, tags, parked = redis_claim.claim(channel, client, self._script, queue.name,
                                                     parked_name(queue.name), count, time())
             messages = []
@@ -89,6 +126,40 @@ class RedisFetcher:
         return len(items), messages
 
 
+    def claim_pass(self, order: Sequence[str], free: Mapping[str, int], room: int | None) -> list[PassAsk]:
+        channel = self._channel
+        qos = channel.qos
+        queues = list(order)
+        with channel.conn_or_acquire() as client:
+            if self._pass_script is None:
+                self._pass_script = redis_claim.register_pass(client)
+            self.round_trips += 1
+            asks, parked = redis_claim.claim_pass(channel, client, self._pass_script, queues,
+                                                  [parked_name(q) for q in queues], [free[q] for q in queues],
+                                                  room, time())
+            results: list[PassAsk] = []
+            for queue, count, items, tags in asks:
+                messages = []
+                poison: list[tuple[Any, Any, str]] = []
+                for raw, tag in zip(items, tags):
+                    message, reason = envelope(channel, raw)
+                    if message is None:
+                        poison.append((raw, tag, reason or "not a kombu message"))
+                    else:
+                        messages.append(message)
+                if poison:
+                    park_redis_items(client, qos, queue, poison)
+                results.append(PassAsk(queue, count, len(items), messages))
+        for queue, raw in parked:
+            log_parked(queue, raw, "not a kombu message: not JSON, or no properties, "
+                       "string delivery_tag or delivery_info")
+        for result in results:
+            for message in result.messages:
+                redis_claim.record_unacked(channel, message)
+                message.accept = self._accept
+        return results
+
+
 class AmqpFetcher:
     """AMQP: an ask for n writes n ``basic.get`` at once, then reads the n replies in order.
 
@@ -100,6 +171,16 @@ class AmqpFetcher:
         self._channel = channel
         self._accept = prepare_accept_content(accept)
         self._single = GetFetcher(channel, accept)
+        self._pipelined_round_trips = 0
+
+    @property
+    def round_trips(self) -> int:
+        return self._single.round_trips + self._pipelined_round_trips
+
+    def ready_counts(self, queues: Sequence[str]) -> dict[str, int]:
+        """Ready messages per queue: a passive declare of each, pipelined (about one round trip)."""
+        self._pipelined_round_trips += 1
+        return pipelined_ready_counts(self._channel, list(queues))
 
     def fetch(self, queue: Any, count: int, keep_going: Callable[[], bool]) -> Iterator[Any]:
         if count < 2:
@@ -109,6 +190,7 @@ class AmqpFetcher:
         # Every reply is read before any message is handed on, even if a stop
         # comes meanwhile: an unread GetOk would leave a message unacked on
         # this channel with nobody holding it.
+        self._pipelined_round_trips += 1
         for raw in pipelined_gets(channel, queue.name, count):
             message = channel.message_to_python(raw)
             message.accept = self._accept

@@ -238,4 +238,5 @@ class WorkerRuntime:
             "held_by_queue": self.held.held_by_queue(),
             "queue_slots": {q: config.slots_for(q) for q in self.held.queues()},
             "claim_passes": self.claimer.passes if self.claimer is not None else 0,
+            "claim_round_trips": self.claimer.round_trips if self.claimer is not None else 0,
         }

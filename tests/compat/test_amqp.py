@@ -11,7 +11,7 @@ import pytest
 from amqp import spec
 from kombu import Connection
 
-from celery_durable.compat.amqp import pipelined_gets, publish_unconfirmed
+from celery_durable.compat.amqp import pipelined_gets, pipelined_ready_counts, publish_unconfirmed
 from tests.compat.conftest import unique
 from tests.services import AMQP_URL, amqp_problem, require
 
@@ -118,6 +118,22 @@ def test_channel_send_method_wait_and_on_get_ok_pipeline_gets_in_queue_order(amq
     other = conn.channel()
     assert _ready(other, queue) == 0
     assert other.basic_get(queue) is None
+
+
+def test_channel_queue_declare_passive_pipelined_counts_each_queues_ready_messages(amqp_queue: Any) -> None:
+    conn, channel, busy = amqp_queue()
+    _, _, empty = amqp_queue()
+    _, _, held = amqp_queue()
+    for body in ("m1", "m2"):
+        channel.basic_publish(amqp.Message(body), exchange="", routing_key=busy)
+    channel.basic_publish(amqp.Message("h"), exchange="", routing_key=held)
+    _until(lambda: _ready(channel, busy) == 2 and _ready(channel, held) == 1, "3 messages ready")
+    [taken] = pipelined_gets(channel, held, 1)  # unacked: not ready any more
+
+    assert pipelined_ready_counts(channel, [busy, empty, held]) == {busy: 2, empty: 0, held: 0}
+    # The channel is still in step after the pipelined replies.
+    assert [m.body for m in pipelined_gets(channel, busy, 2)] == ["m1", "m2"]
+    channel.basic_ack(taken.delivery_info["delivery_tag"])
 
 
 def test_channel_basic_publish_waits_for_the_ack_in_confirm_publish_mode(amqp_queue: Any,

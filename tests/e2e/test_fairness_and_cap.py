@@ -19,6 +19,24 @@ def test_three_backlogged_queues_at_cap_one_run_in_strict_turns(scenario):
     assert len(ended) == 18
 
 
+def test_three_backlogged_queues_among_fifty_run_in_strict_turns_at_cap_one(scenario):
+    # 47 empty queues around the three with work: a pass walks all fifty (one round trip on
+    # Redis), and the turn still goes a, b, c whichever queues sit between them.
+    names = [f"q{i:02d}" for i in range(50)]
+    busy = {"q07": "a", "q23": "b", "q41": "c"}
+    s = scenario(names)
+    for i in range(4):
+        for name in busy:
+            s.send(name, f"{busy[name]}{i}")
+    worker = s.worker(conf={"durable_max_in_flight": 1}, concurrency=1).wait_ready()
+    ended = s.wait_ended(12)
+    order = [e["label"][0] for e in sorted(s.started(), key=lambda e: e["t"])]
+    assert order == list("abc" * 4), order
+    assert s.max_concurrency() == 1
+    assert worker.terminate() == 0
+    assert len(ended) == 12
+
+
 def test_cap_of_five_holds_and_the_broker_keeps_what_has_not_started(scenario):
     s = scenario(["work"])
     for i in range(200):
