@@ -53,7 +53,7 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     *_points("compat.asynpool", "billiard.pool", "RUN"),
     *_points("compat.canvas", "celery.canvas", "_chain.prepare_steps", "_chord", "Signature._merge"),
     *_points("compat.redis_claim", "kombu.transport.redis",
-             "Channel._q_for_pri", "Channel.priority_steps",
+             "Channel._q_for_pri", "Channel.priority_steps", "Channel.priority",
              "QoS.unacked_key", "QoS.unacked_index_key", "QoS.restore_visible"),
     *_points("compat.redis_claim", "kombu.transport.virtual", "QoS.append"),
     *_points("compat.kombu_publish", "kombu.transport.redis", "Channel._inplace_augment_message"),

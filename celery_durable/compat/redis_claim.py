@@ -110,32 +110,44 @@ def restore_expired(channel: Any) -> None:
 # order, each ask popping and recording as _CLAIM_LUA does. The Python planner
 # replays the asks this returns and refuses a pass that differs from its own
 # plan, so the rules live in one place and this is only their executor.
-# KEYS: unacked index, unacked hash, then per queue (in ARGV order): its parked
-# list and its priority lists (ARGV[3] of them).
-# ARGV: now, room (-1: no process cap), lists per queue, queue count, then each
-# queue's free slots.
+# The script names each queue's lists itself, as kombu's Channel._q_for_pri
+# does (step 0: the queue's own name; step p: name .. sep .. p), so a pass over
+# many queues sends their names once, not four keys each.
+# KEYS: unacked index, unacked hash.
+# ARGV: now, room (-1: no process cap), sep, parked suffix, step count, the
+# steps, queue count, then each queue's name, then each queue's free slots.
 # Returns {asks, parked}: each ask {queue number, count, items, tags}, each
 # parked item {queue number, item}.
 _PASS_LUA = """
 local now = ARGV[1]
 local room = tonumber(ARGV[2])
-local steps = tonumber(ARGV[3])
-local nq = tonumber(ARGV[4])
+local sep = ARGV[3]
+local parked_suffix = ARGV[4]
+local nsteps = tonumber(ARGV[5])
+local steps = {}
+for i = 1, nsteps do steps[i] = ARGV[5 + i] end
+local nq = tonumber(ARGV[6 + nsteps])
+local names = {}
 local free = {}
 local to_ask = {}
 for q = 1, nq do
-  free[q] = tonumber(ARGV[4 + q])
+  names[q] = ARGV[6 + nsteps + q]
+  free[q] = tonumber(ARGV[6 + nsteps + nq + q])
   to_ask[#to_ask + 1] = q
+end
+local function list_for(q, step)
+  if tonumber(step) == 0 then return names[q] end
+  return names[q] .. sep .. step
 end
 local again = {}
 local asks = {}
 local parked = {}
 local function pop(q, want)
   local items, tags = {}, {}
-  local base = 2 + (q - 1) * (steps + 1)
-  for i = base + 2, base + 1 + steps do
+  for s = 1, nsteps do
+    local list = list_for(q, steps[s])
     while #items < want do
-      local item = redis.call('RPOP', KEYS[i])
+      local item = redis.call('RPOP', list)
       if not item then break end
       local ok, msg = pcall(cjson.decode, item)
       local props = ok and type(msg) == 'table' and msg['properties']
@@ -148,7 +160,7 @@ local function pop(q, want)
         items[#items + 1] = item
         tags[#tags + 1] = tag
       else
-        redis.call('LPUSH', KEYS[base + 1], item)
+        redis.call('LPUSH', names[q] .. parked_suffix, item)
         parked[#parked + 1] = {q, item}
       end
     end
@@ -190,19 +202,21 @@ def register_pass(client: Any) -> Any:
     return client.register_script(_PASS_LUA)
 
 
-def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked_lists: list[str],
+def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked_suffix: str,
                free: list[int], room: int | None,
                now: float) -> tuple[list[tuple[str, int, list[Any], list[Any]]], list[tuple[str, Any]]]:
     """One script call for a whole pass over ``queues`` (in the pass's order).
 
     Returns the asks it made, each ``(queue, count, items, tags)``, and the
-    items it parked, each ``(queue, item)``.
+    items it parked (on ``queue + parked_suffix``), each ``(queue, item)``.
+    The script names the priority lists as ``Channel._q_for_pri`` does, from the
+    channel's ``sep`` and ``priority_steps`` (kombu 5.x).
     """
     qos = channel.qos
     keys: list[str] = [qos.unacked_index_key, qos.unacked_key]
-    for queue, parked in zip(queues, parked_lists):
-        keys += [parked, *priority_lists(channel, queue)]
-    args = [repr(now), -1 if room is None else room, len(channel.priority_steps), len(queues), *free]
+    steps = [channel.priority(step) for step in channel.priority_steps]
+    args = [repr(now), -1 if room is None else room, channel.sep, parked_suffix, len(steps), *steps,
+            len(queues), *queues, *free]
     asks, parked_items = script(keys=keys, args=args, client=client)
     refresh_expiry = getattr(channel, "_maybe_update_queues_expire", None)
     taken = []

@@ -12,7 +12,14 @@ from kombu.serialization import prepare_accept_content
 from celery_durable.compat import redis_claim
 from celery_durable.compat.amqp import pipelined_gets, pipelined_ready_counts, supports_pipelined_gets
 from celery_durable.compat.transport_guards import guard_channel
-from celery_durable.worker.parking import POISON_POLICY, envelope, log_parked, park_redis_items, parked_name
+from celery_durable.worker.parking import (
+    PARKED_SUFFIX,
+    POISON_POLICY,
+    envelope,
+    log_parked,
+    park_redis_items,
+    parked_name,
+)
 
 
 class Fetcher(Protocol):
@@ -134,9 +141,8 @@ class RedisFetcher:
             if self._pass_script is None:
                 self._pass_script = redis_claim.register_pass(client)
             self.round_trips += 1
-            asks, parked = redis_claim.claim_pass(channel, client, self._pass_script, queues,
-                                                  [parked_name(q) for q in queues], [free[q] for q in queues],
-                                                  room, time())
+            asks, parked = redis_claim.claim_pass(channel, client, self._pass_script, queues, PARKED_SUFFIX,
+                                                  [free[q] for q in queues], room, time())
             results: list[PassAsk] = []
             for queue, count, items, tags in asks:
                 messages = []
