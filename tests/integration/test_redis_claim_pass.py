@@ -19,7 +19,11 @@ from tests.services import REDIS_URL, redis_problem, require
 def redis_queues():
     require("Redis", redis_problem())
     made: list[str] = []
-    with Connection(REDIS_URL) as conn:
+    # Unacked records of the test's own, apart from db 0's shared index (other tests restore from it).
+    tag = f"pass-{uuid.uuid4().hex[:8]}"
+    own = {"unacked_key": f"{tag}.unacked", "unacked_index_key": f"{tag}.unacked_index",
+           "unacked_mutex_key": f"{tag}.unacked_mutex"}
+    with Connection(REDIS_URL, transport_options=own) as conn:
         channel = conn.channel()
 
         def make(count: int) -> list[Queue]:
@@ -33,9 +37,12 @@ def redis_queues():
             return queues
 
         yield conn, channel, make
-        client = redis.Redis.from_url(REDIS_URL)
-        for name in made:
-            client.delete(name, f"{name}.durable.parked", *[f"{name}\x06\x16{p}" for p in (3, 6, 9)])
+    # After the close: closing restores what the channel still holds unacked onto the queues.
+    client = redis.Redis.from_url(REDIS_URL)
+    for name in made:
+        client.delete(name, f"{name}.durable.parked", *[f"{name}\x06\x16{p}" for p in (3, 6, 9)],
+                      f"_kombu.binding.{name}", f"_kombu.binding_permanent.{name}")
+    client.delete(*own.values())
 
 
 def publish(conn, queue, *bodies, priority=None):
@@ -126,7 +133,9 @@ def kombu_first_choice(conn, queue) -> str:
         publish(other, probe, "high", priority=9)
         message = probe(other.channel()).get(no_ack=True)
         first = message.decode()
-        redis.Redis.from_url(REDIS_URL).delete(probe.name, *[f"{probe.name}\x06\x16{p}" for p in (3, 6, 9)])
+        redis.Redis.from_url(REDIS_URL).delete(probe.name, *[f"{probe.name}\x06\x16{p}" for p in (3, 6, 9)],
+                                               f"_kombu.binding.{probe.name}",
+                                               f"_kombu.binding_permanent.{probe.name}")
     return first
 
 
