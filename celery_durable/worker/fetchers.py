@@ -107,23 +107,13 @@ class RedisFetcher:
     def _claim(self, queue: Any, count: int) -> tuple[int, list[Any]]:
         """One script call: how many items it took as messages, and those Python could read."""
         channel = self._channel
-        qos = channel.qos
         with channel.conn_or_acquire() as client:
             if self._script is None:
                 self._script = redis_claim.register(client)
             self.round_trips += 1
             items, tags, parked = redis_claim.claim(channel, client, self._script, queue.name,
                                                     parked_name(queue.name), count, time())
-            messages = []
-            poison: list[tuple[Any, Any, str]] = []
-            for raw, tag in zip(items, tags):
-                message, reason = envelope(channel, raw)
-                if message is None:
-                    poison.append((raw, tag, reason or "not a kombu message"))
-                else:
-                    messages.append(message)
-            if poison:
-                park_redis_items(client, qos, queue.name, poison)
+            messages = _readable(channel, client, queue.name, items, tags)
         for raw in parked:
             log_parked(queue.name, raw, "not a kombu message: not JSON, or no properties, "
                        "string delivery_tag or delivery_info")
@@ -135,7 +125,6 @@ class RedisFetcher:
 
     def claim_pass(self, order: Sequence[str], free: Mapping[str, int], room: int | None) -> list[PassAsk]:
         channel = self._channel
-        qos = channel.qos
         queues = list(order)
         with channel.conn_or_acquire() as client:
             if self._pass_script is None:
@@ -145,16 +134,7 @@ class RedisFetcher:
                                                   [free[q] for q in queues], room, time())
             results: list[PassAsk] = []
             for queue, count, items, tags in asks:
-                messages = []
-                poison: list[tuple[Any, Any, str]] = []
-                for raw, tag in zip(items, tags):
-                    message, reason = envelope(channel, raw)
-                    if message is None:
-                        poison.append((raw, tag, reason or "not a kombu message"))
-                    else:
-                        messages.append(message)
-                if poison:
-                    park_redis_items(client, qos, queue, poison)
+                messages = _readable(channel, client, queue, items, tags)
                 results.append(PassAsk(queue, count, len(items), messages))
         for queue, raw in parked:
             log_parked(queue, raw, "not a kombu message: not JSON, or no properties, "
@@ -164,6 +144,21 @@ class RedisFetcher:
                 redis_claim.record_unacked(channel, message)
                 message.accept = self._accept
         return results
+
+
+def _readable(channel: Any, client: Any, queue: str, items: list[Any], tags: list[Any]) -> list[Any]:
+    """The claimed items Python can read as messages; the others (a body not base64) are parked at once."""
+    messages = []
+    poison: list[tuple[Any, Any, str]] = []
+    for raw, tag in zip(items, tags):
+        message, reason = envelope(channel, raw)
+        if message is None:
+            poison.append((raw, tag, reason or "not a kombu message"))
+        else:
+            messages.append(message)
+    if poison:
+        park_redis_items(client, channel.qos, queue, poison)
+    return messages
 
 
 class AmqpFetcher:
