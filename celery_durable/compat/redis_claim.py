@@ -9,6 +9,7 @@ record. Pinned by tests/compat/test_redis_claim.py.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kombu.transport import virtual
@@ -114,29 +115,27 @@ def restore_expired(channel: Any) -> None:
 # does (step 0: the queue's own name; step p: name .. sep .. p), so a pass over
 # many queues sends their names once, not four keys each.
 # KEYS: unacked index, unacked hash.
-# ARGV: now, room (-1: no process cap), sep, parked suffix, step count, the
-# steps, queue count, then each queue's name, then each queue's free slots.
-# Returns {asks, parked}: each ask {queue number, count, items, tags}, each
-# parked item {queue number, item}.
+# ARGV: now, room (-1: no process cap), sep, parked suffix, then as JSON arrays
+# the priority steps, the queue names and their free slots (three strings: a
+# pass over hundreds of queues encodes in microseconds, not one argument each).
+# Returns {asks, parked}: each ask that took items {queue number, count, items,
+# tags} (an ask that took none changes nothing the planner tracks but its place,
+# so it is left out: a pass over 200 mostly empty queues answers in a few bytes),
+# each parked item {queue number, item}. Empty queues are passed over by a bulk
+# EXISTS per stretch of queues and one per queue, not a pop per priority list.
 _PASS_LUA = """
 local now = ARGV[1]
 local room = tonumber(ARGV[2])
 local sep = ARGV[3]
 local parked_suffix = ARGV[4]
-local nsteps = tonumber(ARGV[5])
-local steps = {}
-for i = 1, nsteps do steps[i] = ARGV[5 + i] end
-local nq = tonumber(ARGV[6 + nsteps])
-local names = {}
-local free = {}
+local steps = cjson.decode(ARGV[5])
+local nsteps = #steps
+local names = cjson.decode(ARGV[6])
+local free = cjson.decode(ARGV[7])
 local to_ask = {}
-for q = 1, nq do
-  names[q] = ARGV[6 + nsteps + q]
-  free[q] = tonumber(ARGV[6 + nsteps + nq + q])
-  to_ask[#to_ask + 1] = q
-end
+for q = 1, #names do to_ask[q] = q end
 local function list_for(q, step)
-  if tonumber(step) == 0 then return names[q] end
+  if step == 0 then return names[q] end
   return names[q] .. sep .. step
 end
 local again = {}
@@ -144,8 +143,11 @@ local asks = {}
 local parked = {}
 local function pop(q, want)
   local items, tags = {}, {}
+  local lists = {}
+  for s = 1, nsteps do lists[s] = list_for(q, steps[s]) end
+  if redis.call('EXISTS', unpack(lists)) == 0 then return items, tags end
   for s = 1, nsteps do
-    local list = list_for(q, steps[s])
+    local list = lists[s]
     while #items < want do
       local item = redis.call('RPOP', list)
       if not item then break end
@@ -168,25 +170,46 @@ local function pop(q, want)
   end
   return items, tags
 end
+-- A bulk EXISTS over the lists of the next 32 queues of the round passes over
+-- a stretch of empty queues in one call (a queue per call costs ~1 us each):
+-- lists_may_exist[q] is false when that call found none of the stretch's lists.
+local lists_may_exist = {}
+local function check_stretch(order, from)
+  local keys, members = {}, {}
+  for i = from, math.min(from + 31, #order) do
+    local q = order[i]
+    if lists_may_exist[q] == nil then
+      members[#members + 1] = q
+      for s = 1, nsteps do keys[#keys + 1] = list_for(q, steps[s]) end
+    end
+  end
+  local some = redis.call('EXISTS', unpack(keys)) > 0
+  for _, q in ipairs(members) do lists_may_exist[q] = some end
+end
+local order, pos = to_ask, 1
 while true do
   if room == 0 then break end
-  if #to_ask == 0 then
+  if pos > #order then
     if #again == 0 then break end
-    to_ask = again
-    again = {}
+    order, pos, again = again, 1, {}
   end
-  local q = table.remove(to_ask, 1)
+  local q = order[pos]
+  local after = #order - pos
+  pos = pos + 1
   local slots = free[q]
   if slots > 0 then
+    if lists_may_exist[q] == nil then check_stretch(order, pos - 1) end
     local count, share_bound = slots, false
     if room > 0 then
-      local share = math.ceil(room / (#to_ask + 1))
+      local share = math.ceil(room / (after + 1))
       if share < slots then count, share_bound = share, true end
     end
-    local items, tags = pop(q, count)
+    -- A queue with no list is an ask that took nothing.
+    local items, tags = {}, {}
+    if lists_may_exist[q] then items, tags = pop(q, count) end
     local got = #items
-    asks[#asks + 1] = {q, count, items, tags}
     if got > 0 then
+      asks[#asks + 1] = {q, count, items, tags}
       free[q] = free[q] - got
       if room > 0 then room = room - got end
       if share_bound and got == count and free[q] > 0 then again[#again + 1] = q end
@@ -207,7 +230,7 @@ def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked
                now: float) -> tuple[list[tuple[str, int, list[Any], list[Any]]], list[tuple[str, Any]]]:
     """One script call for a whole pass over ``queues`` (in the pass's order).
 
-    Returns the asks it made, each ``(queue, count, items, tags)``, and the
+    Returns the asks that took items, each ``(queue, count, items, tags)``, and the
     items it parked (on ``queue + parked_suffix``), each ``(queue, item)``.
     The script names the priority lists as ``Channel._q_for_pri`` does, from the
     channel's ``sep`` and ``priority_steps`` (kombu 5.x).
@@ -215,8 +238,8 @@ def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked
     qos = channel.qos
     keys: list[str] = [qos.unacked_index_key, qos.unacked_key]
     steps = [channel.priority(step) for step in channel.priority_steps]
-    args = [repr(now), -1 if room is None else room, channel.sep, parked_suffix, len(steps), *steps,
-            len(queues), *queues, *free]
+    args = [repr(now), -1 if room is None else room, channel.sep, parked_suffix,
+            json.dumps(steps), json.dumps(queues), json.dumps(free)]
     asks, parked_items = script(keys=keys, args=args, client=client)
     refresh_expiry = getattr(channel, "_maybe_update_queues_expire", None)
     taken = []

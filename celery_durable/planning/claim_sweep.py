@@ -99,6 +99,23 @@ def next_ask(sweep: Sweep) -> tuple[Ask | None, Sweep]:
         return Ask(queue, slots, share_bound=False), sweep
 
 
+def skip_to(sweep: Sweep, queue: str) -> Sweep:
+    """The sweep just before ``queue``'s next ask, every ask ahead of it having brought nothing.
+
+    An ask that brings nothing changes only the sweep's place in its order, so
+    a broker that runs a whole pass reports just the asks that took messages
+    and the replay skips to each. Raises InvariantBroken if ``queue`` is not
+    ahead in this round or the next.
+    """
+    to_ask, again = sweep.to_ask, sweep.again
+    if queue not in to_ask:
+        if queue not in again:
+            raise InvariantBroken(f"queue {queue!r} has no ask left in the pass (to ask {list(to_ask)!r}, "
+                                  f"again {list(again)!r})")
+        to_ask, again = again, ()
+    return replace(sweep, to_ask=to_ask[to_ask.index(queue):], again=again)
+
+
 def record(sweep: Sweep, ask: Ask, got: int) -> Sweep:
     """The sweep after ``ask`` brought ``got`` messages."""
     if not 0 <= got <= ask.count:

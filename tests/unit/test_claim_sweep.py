@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ from celery_durable.planning.claim_sweep import (
     next_ask,
     record,
     rotate,
+    skip_to,
     waitable_queues,
 )
 
@@ -310,3 +312,41 @@ def test_capacity(max_in_flight, pool_size, slots, expected):
 )
 def test_waitable_queues(queues, free, room, expected):
     assert waitable_queues(queues, free, room) == expected
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_replaying_only_the_asks_that_took_messages_lands_where_the_whole_pass_does(seed):
+    # A broker that runs the pass whole reports the asks that took messages;
+    # skip_to then next_ask must rebuild each of them, and the pass's end state.
+    rng = random.Random(seed)
+    queues = [f"q{i}" for i in range(rng.randint(1, 8))]
+    backlog = {q: rng.choice([0, 0, 1, 2, 5]) for q in queues}
+    free = {q: rng.randint(0, 4) for q in queues}
+    room = rng.choice([None, *range(0, 9)])
+    cursor = rng.choice([None, *queues])
+    sweep = begin_sweep(queues, free, room, cursor)
+    full, taken, left = sweep, [], dict(backlog)
+    while True:
+        ask, full = next_ask(full)
+        if ask is None:
+            break
+        got = min(ask.count, left[ask.queue])
+        left[ask.queue] -= got
+        if got:
+            taken.append((ask, got))
+        full = record(full, ask, got)
+
+    replay = sweep
+    for ask, got in taken:
+        again, replay = next_ask(skip_to(replay, ask.queue))
+        assert again == ask
+        replay = record(replay, again, got)
+    assert (replay.claimed, replay.cursor, dict(replay.free), replay.room) == \
+        (full.claimed, full.cursor, dict(full.free), full.room)
+
+
+def test_skip_to_refuses_a_queue_with_no_ask_left_in_the_pass():
+    sweep = begin_sweep(["a", "b"], {"a": 1, "b": 1}, 2, None)
+    _, sweep = next_ask(sweep)
+    with pytest.raises(InvariantBroken, match="'a' has no ask left"):
+        skip_to(sweep, "a")
