@@ -17,6 +17,8 @@ Scenarios (each on its own unique queues, cleaned up afterwards):
 5. queues      2,000 no-op tasks on the LAST of 1, 10, 50, 200 queues (others empty), and spread
                over 50; stock vs durable prefork -c2; the durable worker's claim round trips per
                pass (inspect stats: claim_round_trips / claim_passes).
+6. late        while a worker drains 20,000 no-ops on the last of 50 queues, one task at a time
+               lands on another (empty) queue: its start − send latency, stock vs durable.
 
 Workers are real ``python -m celery -A benchapp worker`` subprocesses run at ``-l warning``
 (no per-task log lines); readiness is read from their log with a deadline, and they are
@@ -378,6 +380,43 @@ def run_many_queues(broker: Broker, variant: Variant, count: int, queue_count: i
         broker.cleanup(queues, workers, [f"{key}:n", f"{key}:first", f"{key}:last"])
 
 
+def run_late_pickup(broker: Broker, variant: Variant, count: int, queue_count: int,
+                    samples: int) -> dict[str, Any]:
+    """A worker drains ``count`` no-ops on the last of ``queue_count`` queues; meanwhile one
+    task at a time lands on another queue, empty until then: its start − send latency."""
+    queues = broker.queues(*[f"late{i}" for i in range(queue_count)])
+    key = f"bench:late:{uuid.uuid4().hex}"
+    workers: list[Worker] = []
+    try:
+        broker.declare(queues)
+        with broker.app.producer_or_acquire() as producer:
+            for _ in range(count):
+                broker.app.send_task("bench.noop", args=[key], queue=queues[-1], producer=producer)
+        w = broker.worker(queues, variant)
+        workers.append(w)
+        w.wait_ready()
+        wait_for(lambda: int(broker.observer.get(f"{key}:n") or 0) > 0, timeout=30, what="the drain to start")
+        latencies = []
+        with broker.app.producer_or_acquire() as producer:
+            for i in range(samples):
+                time.sleep(0.03)
+                sent = time.time()
+                broker.app.send_task("bench.ping", args=[f"{key}:late", sent], queue=queues[i % (queue_count - 1)],
+                                     producer=producer)
+                got = broker.observer.blpop([f"{key}:late"], timeout=30)
+                if got is None:
+                    w.check_alive()
+                    raise BenchFailed(f"late sample {i}: the task did not run within 30 s")
+                latencies.append(float(got[1]) * 1000)
+        drained = int(broker.observer.get(f"{key}:n") or 0)
+        if drained >= count:
+            raise BenchFailed(f"the drain ended before the last late sample ({count} tasks): raise --count")
+        return {"p50": percentile(latencies, 50), "max": max(latencies), "n": len(latencies)}
+    finally:
+        stop_all(workers)
+        broker.cleanup(queues, workers, [f"{key}:n", f"{key}:first", f"{key}:last", f"{key}:late"])
+
+
 def _collect(broker: Broker, key: str, count: int, workers: Sequence[Worker], timeout: float) -> list[dict[str, Any]]:
     def enough() -> bool:
         for w in workers:
@@ -620,6 +659,26 @@ def render(rows: list[Row], *, count: int, rounds: int, samples: int, iso: tuple
             out.append(f"- FAILED {r.broker} {r.variant.label}: {r.error[:100]}")
         out.append("")
 
+    late = by("late")
+    if late:
+        out.append("### 6. A late task on a queue found empty (a worker drains no-ops on the last of 50 queues; "
+                   "one task at a time lands on another; its start − send, ms; all rounds pooled)")
+        out.append("")
+        lines = []
+        for kind in sorted({r.broker for r in late}):
+            for durable in (False, True):
+                rows_ = [r for r in late if r.broker == kind and r.variant.durable is durable and not r.error]
+                if rows_:
+                    lines.append([kind, rows_[0].variant.label,
+                                  fmt(statistics.median(r.figures["p50"] for r in rows_), 1),
+                                  fmt(max(r.figures["max"] for r in rows_), 1),
+                                  str(sum(r.figures["n"] for r in rows_))])
+        table(["broker", "worker", "p50 (median of rounds)", "max", "samples"], lines)
+        for r in late:
+            if r.error:
+                out.append(f"- FAILED {r.broker} {r.variant.label}: {r.error[:100]}")
+        out.append("")
+
     iso_rows = by("isolation")
     if iso_rows:
         out.append(f"### 4. Isolation (one worker -c4 prefork; {iso[0]} × 1 s on bulk, then {iso[1]} × 10 ms "
@@ -683,7 +742,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     parser.add_argument("--rounds", type=int, default=None, help="throughput rounds (default 3; 1 with --quick)")
     parser.add_argument("--scenarios", default="throughput,pickup,hol,isolation",
-                        help="comma list of throughput,pickup,hol,isolation,queues")
+                        help="comma list of throughput,pickup,hol,isolation,queues,late")
     parser.add_argument("--write", metavar="PATH", help="also write the tables (markdown) to PATH")
     args = parser.parse_args(argv)
 
@@ -695,6 +754,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     samples = 30 if args.quick else 200
     iso = (16, 16) if args.quick else (40, 40)
     mq_count = 500 if args.quick else 2000
+    late_count, late_samples = (3000, 10) if args.quick else (20000, 40)
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     kinds = ["redis", "rabbitmq"] if args.broker == "all" else [args.broker]
     log_dir = Path(tempfile.mkdtemp(prefix="worker-bench-"))
@@ -767,6 +827,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         if figures is not None:
                             rows.append(Row("queues", broker.kind, v, {**figures, "queues": queue_count,
                                                                        "spread": spread}))
+        if "late" in scenarios:
+            for _ in range(rounds):
+                for v in applicable(plan(many_queue_variants())):
+                    figures = attempt("late", broker, v,
+                                      lambda v=v: run_late_pickup(broker, v, late_count, 50, late_samples))
+                    if figures is not None:
+                        rows.append(Row("late", kind, v, figures))
         if "isolation" in scenarios:
             for v in applicable(plan(isolation_variants())):
                 figures = attempt("isolation", broker, v, lambda v=v: run_isolation(broker, v, *iso))

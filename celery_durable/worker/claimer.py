@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from time import monotonic
 from typing import Any
 
 from kombu.messaging import Consumer as KombuConsumer
@@ -13,6 +14,7 @@ from celery_durable.compat.request import waits_for_eta
 from celery_durable.compat.transport_guards import guard_channel
 from celery_durable.errors import InvariantBroken
 from celery_durable.planning.claim_sweep import Sweep, begin_sweep, next_ask, record, skip_to, waitable_queues
+from celery_durable.planning.ready_counts import ReadyCounts
 from celery_durable.worker.fetchers import Fetcher, PassFetcher, ProbingFetcher, fetcher_for
 from celery_durable.worker.parking import POISON_POLICY, Parker, parker_for, undecodable
 from celery_durable.worker.process_cap import HeldRun, HeldRuns
@@ -95,6 +97,7 @@ class Claimer:
         self._idle_consumers: list[Any] = []
         self._idle_channel_messages: list[Any] | None = None
         self._admitting: HeldRun | None = None
+        self._ready = ReadyCounts()
         self.passes = 0
 
     # -- lifecycle -----------------------------------------------------------
@@ -157,7 +160,7 @@ class Claimer:
         room = self.held.room()
         free = {q: free.get(q, 0) for q in order}
         if self._probing_fetcher is not None and room > 0:
-            free = self._probed(self._probing_fetcher, free)
+            free = self._probed(self._probing_fetcher, free, self._ready)
         sweep = begin_sweep(order, free, room, self.cursor)
         self.passes += 1
         if self._pass_fetcher is not None and self.claiming:
@@ -168,6 +171,7 @@ class Claimer:
                 if ask is None:
                     break
                 got = self._fetch(queues[ask.queue], ask.count)
+                self._ready.took(ask.queue, ask.count, got)
                 sweep = record(sweep, ask, got)
         self.cursor = sweep.cursor
         if self.claiming and self.held.room() > 0 and not self._kick_pending:
@@ -179,18 +183,24 @@ class Claimer:
         return sweep.claimed
 
     @staticmethod
-    def _probed(fetcher: ProbingFetcher, free: dict[str, int]) -> dict[str, int]:
+    def _probed(fetcher: ProbingFetcher, free: dict[str, int], memory: ReadyCounts) -> dict[str, int]:
         """Free slots capped by each queue's ready messages, so a pass asks only queues with work.
 
         Worth its round trip only when two or more queues could be asked: an
-        empty queue would otherwise cost an ask each. A message arriving on a
-        queue after it read empty is not lost: the idle wait armed after the
-        pass takes it.
+        empty queue would otherwise cost an ask each. A young probe stands in
+        for a new one (planning/ready_counts.py). A
+        message arriving on a queue after it read empty is not lost: a later
+        probe finds it, or the idle wait armed after a pass that found nothing.
         """
         open_queues = [q for q, slots in free.items() if slots > 0]
         if len(open_queues) < 2:
             return free
-        ready = fetcher.ready_counts(open_queues)
+        started = monotonic()
+        ready = memory.reusable(open_queues, started)
+        if ready is None:
+            ready = fetcher.ready_counts(open_queues)
+            now = monotonic()
+            memory.probed(ready, now, now - started)
         return {q: min(slots, ready.get(q, slots)) for q, slots in free.items()}
 
     def _run_whole_pass(self, fetcher: PassFetcher, sweep: Sweep) -> Sweep:
