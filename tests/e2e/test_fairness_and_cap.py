@@ -81,3 +81,24 @@ def test_thread_execution_cap_of_three_reaches_three_and_never_more(scenario):
     assert s.max_concurrency() == 3
     assert {e["pid"] for e in s.started()} == {worker.process.pid}
     assert worker.terminate() == 0
+
+
+def test_a_task_landing_on_a_queue_found_empty_starts_while_another_queue_keeps_the_worker_busy(scenario):
+    # The worker drains one queue among thirty; a pass that found the others
+    # empty (on RabbitMQ, a probe reused for a few ms) must look at them again
+    # soon, not once the drain is over.
+    names = [f"q{i:02d}" for i in range(30)]
+    s = scenario(names)
+    for i in range(400):
+        s.send("q29", f"d{i}", 0.01)
+    worker = s.worker(conf={"durable_max_in_flight": 2}, concurrency=2).wait_ready()
+    wait_for(lambda: len(s.started()) >= 20, timeout=60, what="the drain to be under way")
+    sent_after = len(s.started())
+    s.send("q00", "late")
+    late = wait_for(lambda: s.labelled("start", "late"), timeout=60, what="the late task to start")[0]
+    drained_meanwhile = [e for e in s.started() if e["label"].startswith("d") and e["t"] < late["t"]]
+    # 400 x 10 ms on 2 slots: the drain has ~350 tasks left when the late task is
+    # sent; it must start within a few passes of arriving.
+    assert len(drained_meanwhile) - sent_after < 50, (sent_after, len(drained_meanwhile))
+    s.wait_ended(401, timeout=120)
+    assert worker.terminate() == 0
