@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import shutil
+import struct
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
@@ -84,18 +86,65 @@ def file_name() -> str:
     return f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}{_SUFFIX}"
 
 
+# A count file is a fixed-size map shared between its one writer and any
+# reader: MAGIC, the length of the JSON table, a sequence number, the table.
+# The writer makes the sequence odd, writes the table, makes it even again (a
+# seqlock): a count is then two memory stores, not a file written and renamed
+# (which cost a pool child ~15 % of a 3-step durable run on SQLite). A reader
+# copies the file and keeps the copy only if the sequence was even and had not
+# moved once the copy was taken.
+MAGIC = b"DCF1"
+#: MAGIC, the table's length, the sequence (8-aligned: one store on 64-bit hosts).
+_HEADER = struct.Struct("<4sIQ")
+_LENGTH = struct.Struct("<I")
+_SEQUENCE = struct.Struct("<Q")
+_LENGTH_AT, _SEQUENCE_AT = 4, 8
+_INITIAL_SIZE = 16 * 1024
+_READ_ATTEMPTS = 50
+
+_maps: dict[Path, tuple[mmap.mmap, int]] = {}
+_last_read: dict[Path, bytes] = {}
+
+
 def write(directory: Path, name: str, counts: Mapping[tuple[str, str], float]) -> None:
-    """Replace this process's file atomically: a scrape reads the old table or the new, never half."""
+    """Publish this process's whole table: a reader sees the old table or the new, never half."""
     rows = [[queue, outcome, value] for (queue, outcome), value in counts.items()]
-    tmp = directory / f".{name}.tmp"
+    data = json.dumps(rows).encode()
+    path = directory / name
     try:
-        tmp.write_text(json.dumps(rows))
-        os.replace(tmp, directory / name)
-    except OSError:
+        mapped = _maps.get(path)
+        if mapped is None or _HEADER.size + len(data) > len(mapped[0]):
+            _maps[path] = mapped = _create(path, data, previous=mapped)
+            return
+        view, sequence = mapped
+        # Odd while the table and its length change; even again only after
+        # both are in place (the length is never written under an even number).
+        _SEQUENCE.pack_into(view, _SEQUENCE_AT, sequence + 1)
+        view[_HEADER.size:_HEADER.size + len(data)] = data
+        _LENGTH.pack_into(view, _LENGTH_AT, len(data))
+        _SEQUENCE.pack_into(view, _SEQUENCE_AT, sequence + 2)
+        _maps[path] = (view, sequence + 2)
+    except (OSError, ValueError):
         # The worker is shutting down (its directory is gone) or the disk is
         # full: the count is still in this process's memory; only the
         # endpoint's view of it lags.
         logger.debug("durable.metrics.count_file_unwritten dir=%s", directory, exc_info=True)
+
+
+def _create(path: Path, data: bytes, previous: tuple[mmap.mmap, int] | None) -> tuple[mmap.mmap, int]:
+    """A new map holding ``data``, put in place atomically (first write, or a table outgrowing its map)."""
+    size = max(_INITIAL_SIZE, 2 * (_HEADER.size + len(data)))
+    sequence = previous[1] + 2 if previous is not None else 2
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(_HEADER.pack(MAGIC, len(data), sequence) + data)
+        f.truncate(size)
+    os.replace(tmp, path)
+    with open(path, "r+b") as f:
+        view = mmap.mmap(f.fileno(), size)
+    if previous is not None:
+        previous[0].close()
+    return view, sequence
 
 
 def read_all(directory: Path, *, skip: str) -> Counts:
@@ -117,10 +166,38 @@ def _files(directory: Path) -> Iterator[Path]:
 
 
 def _rows(path: Path) -> list[Any]:
+    table = _read_table(path)
+    if table is None:
+        return []
     try:
-        rows = json.loads(path.read_text())
-    except (OSError, ValueError):
-        # Only os.replace() puts a file here, so a bad one is not ours half-written: skip it.
+        rows = json.loads(table)
+    except ValueError:
         logger.debug("durable.metrics.count_file_unreadable path=%s", path, exc_info=True)
         return []
-    return [r for r in rows if isinstance(r, list) and len(r) == 3]
+    return [r for r in rows if isinstance(r, list) and len(r) == 3] if isinstance(rows, list) else []
+
+
+def _read_table(path: Path) -> bytes | None:
+    """The table of a count file, from a copy taken while no write was under way; None if not one."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            for _ in range(_READ_ATTEMPTS):
+                # Unbuffered reads at offset 0: a buffered file would hand a
+                # retry the same copy again.
+                raw = os.pread(f.fileno(), size, 0)
+                if len(raw) < _HEADER.size:
+                    return None
+                magic, length, sequence = _HEADER.unpack_from(raw)
+                if magic != MAGIC:
+                    return None
+                if sequence % 2 == 0 and os.pread(f.fileno(), _HEADER.size, 0) == raw[:_HEADER.size]:
+                    table = _last_read[path] = raw[_HEADER.size:_HEADER.size + length]
+                    return table
+    except OSError:
+        logger.debug("durable.metrics.count_file_unreadable path=%s", path, exc_info=True)
+        return None
+    # A writer busy through every attempt: the table this reader saw last
+    # (a counter must not drop for one scrape).
+    logger.debug("durable.metrics.count_file_busy path=%s", path)
+    return _last_read.get(path)

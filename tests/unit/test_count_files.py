@@ -98,3 +98,32 @@ def test_share_removes_the_directory_of_a_worker_that_was_killed(monkeypatch: py
         assert directory.parent == tmp_path
     finally:
         count_files.unshare(directory)
+
+
+def _count_fast_in_child(directory: str, rounds: int) -> None:
+    counts: dict[tuple[str, str], float] = {}
+    for i in range(rounds):
+        # A table whose size changes as it grows: torn copies would not parse or would drop rows.
+        counts[(f"{QUEUE}-{i % 40}", "succeeded")] = counts.get((f"{QUEUE}-{i % 40}", "succeeded"), 0.0) + 1
+        count_files.write(Path(directory), "counts-busy-writer.json", counts)
+    os._exit(0)
+
+
+def test_a_reader_never_sees_a_half_written_table_or_a_count_going_back(shared: Path) -> None:
+    child = multiprocessing.get_context("fork").Process(target=_count_fast_in_child, args=(str(shared), 20000))
+    child.start()
+    seen = []
+    while child.is_alive():
+        total = count_files.read_all(shared, skip="none")
+        seen.append(sum(total.values()))
+    child.join(30)
+    assert child.exitcode == 0
+    assert seen == sorted(seen), "a count went back between two reads"
+    assert sum(count_files.read_all(shared, skip="none").values()) == 20000
+
+
+def test_a_table_that_outgrows_its_file_is_still_read_whole(shared: Path) -> None:
+    counts = {(f"queue-{i:05d}-{'x' * 40}", "succeeded"): float(i) for i in range(1000)}
+    count_files.write(shared, "counts-big.json", {(QUEUE, "failed"): 1.0})
+    count_files.write(shared, "counts-big.json", counts)  # ~70 KB: past the first file's 16 KB
+    assert count_files.read_all(shared, skip="none") == counts
