@@ -18,7 +18,6 @@ from celery_durable.worker.parking import (
     envelope,
     log_parked,
     park_redis_items,
-    parked_name,
 )
 
 
@@ -84,12 +83,11 @@ class GetFetcher:
 
 
 class RedisFetcher:
-    """Redis: one script call per ask takes up to ``count`` messages and marks them unacked."""
+    """Redis: one script call per pass takes what the pass asks of every queue and marks it unacked."""
 
     def __init__(self, channel: Any, accept: Any) -> None:
         self._channel = channel
         self._accept = prepare_accept_content(accept)
-        self._script: Any = None
         self._pass_script: Any = None
         self._client: Any = None
         self.round_trips = 0
@@ -102,33 +100,18 @@ class RedisFetcher:
         return self._client
 
     def fetch(self, queue: Any, count: int, keep_going: Callable[[], bool]) -> Iterator[Any]:
+        """An ask of one queue: a pass over it alone (one script call)."""
         wanted = count
         while wanted > 0:
-            items, messages = self._claim(queue, wanted)
+            asks = self.claim_pass([queue.name], {queue.name: wanted}, wanted)
+            taken = sum(ask.taken for ask in asks)
+            messages = [message for ask in asks for message in ask.messages]
             yield from messages
             # An item the script took but Python could not read (a body that
             # is not base64) was parked and cost the ask a message: ask again
             # for what it cost, unless the queue ran dry. Only poison costs a
             # second round trip.
-            wanted = wanted - len(messages) if items == wanted and keep_going() else 0
-
-    def _claim(self, queue: Any, count: int) -> tuple[int, list[Any]]:
-        """One script call: how many items it took as messages, and those Python could read."""
-        channel = self._channel
-        client = self._redis()
-        if self._script is None:
-            self._script = redis_claim.register(client)
-        self.round_trips += 1
-        items, tags, parked = redis_claim.claim(channel, client, self._script, queue.name,
-                                                parked_name(queue.name), count, time())
-        messages = _readable(channel, client, queue.name, items, tags)
-        for raw in parked:
-            log_parked(queue.name, raw, "not a kombu message: not JSON, or no properties, "
-                       "string delivery_tag or delivery_info")
-        for message in messages:
-            redis_claim.record_unacked(channel, message)
-            message.accept = self._accept
-        return len(items), messages
+            wanted = wanted - len(messages) if taken == wanted and keep_going() else 0
 
     def claim_pass(self, order: Sequence[str], free: Mapping[str, int], room: int | None) -> list[PassAsk]:
         channel = self._channel

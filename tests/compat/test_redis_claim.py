@@ -13,7 +13,7 @@ import redis
 from kombu import Connection, Exchange, Queue
 
 from celery_durable.compat import redis_claim
-from celery_durable.worker.parking import parked_name
+from celery_durable.worker.parking import PARKED_SUFFIX
 from tests.compat.conftest import delete_redis_queues, unique
 from tests.services import REDIS_URL, redis_problem, require
 
@@ -26,7 +26,7 @@ class RedisQueue:
     def __init__(self, conn: Connection, channel: Any, queue: Queue, client: redis.Redis) -> None:
         self.conn, self.channel, self.queue, self.client = conn, channel, queue, client
         self.name = queue.name
-        self.script = redis_claim.register(client)
+        self.script = redis_claim.register_pass(client)
 
     def publish(self, body: Any, priority: int | None = None, queue: Queue | None = None) -> None:
         queue = queue or self.queue
@@ -34,8 +34,12 @@ class RedisQueue:
                                      serializer="json", declare=[queue], priority=priority)
 
     def claim(self, count: int, now: float | None = None, queue: str | None = None) -> tuple[list[Any], ...]:
-        return redis_claim.claim(self.channel, self.client, self.script, queue or self.name,
-                                 parked_name(queue or self.name), count, time() if now is None else now)
+        # One ask: a claim pass over one queue, as the fetcher makes it.
+        name = queue or self.name
+        asks, parked = redis_claim.claim_pass(self.channel, self.client, self.script, [name], PARKED_SUFFIX,
+                                              [count], count, time() if now is None else now)
+        items, tags = (asks[0][2], asks[0][3]) if asks else ([], [])
+        return items, tags, [item for _, item in parked]
 
     def message(self, item: Any) -> Any:
         return self.channel.Message(json.loads(item), channel=self.channel)
@@ -168,7 +172,7 @@ def test_channel_maybe_update_queues_expire_refreshes_an_expiring_queue_on_claim
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "compat.redis_claim.claim runs its script through kombu's PrefixedStrictRedis, which prefixes only the "
+    "compat.redis_claim.claim_pass runs its script through kombu's PrefixedStrictRedis, which prefixes only the "
     "first EVALSHA key (kombu 5.5-5.7 PREFIXED_COMPLEX_COMMANDS: args 2..3): with the transport option "
     "global_keyprefix the claim reads unprefixed priority lists (takes nothing) and would write the unacked "
     "hash and parked list unprefixed while kombu's ack and restore read the prefixed ones"))
