@@ -188,9 +188,9 @@ class Claimer:
 
         Worth its round trip only when two or more queues could be asked: an
         empty queue would otherwise cost an ask each. A young probe stands in
-        for a new one (planning/ready_counts.py). A
-        message arriving on a queue after it read empty is not lost: a later
-        probe finds it, or the idle wait armed after a pass that found nothing.
+        for a new one (planning/ready_counts.py). A message arriving on a queue
+        after it read empty is not lost: a later probe finds it, or the idle
+        wait armed after a pass that found nothing.
         """
         open_queues = [q for q, slots in free.items() if slots > 0]
         if len(open_queues) < 2:
