@@ -301,18 +301,21 @@ def run_throughput(broker: Broker, variant: Variant, count: int, task: str = "be
         workers.append(w)
         w.wait_ready()
         cpu0 = w.cpu_seconds()
-
-        def done() -> bool:
-            w.check_alive()
-            return int(broker.observer.get(f"{key}:n") or 0) >= count
-        wait_for(done, timeout=60 + count / 20, what=f"{count} {task} tasks", every=0.1)
+        seconds = drain_seconds(broker, w, key, count, f"{count} {task} tasks")
         cpu = w.cpu_seconds() - cpu0
-        first = float(broker.observer.get(f"{key}:first"))
-        last = float(broker.observer.get(f"{key}:last"))
-        return {"rate": count / (last - first), "seconds": last - first, "cpu_ms": 1000 * cpu / count}
+        return {"rate": count / seconds, "seconds": seconds, "cpu_ms": 1000 * cpu / count}
     finally:
         stop_all(workers)
         broker.cleanup([queue], workers, [f"{key}:n", f"{key}:first", f"{key}:last"])
+
+
+def drain_seconds(broker: Broker, w: Worker, key: str, count: int, what: str) -> float:
+    """Wait for ``count`` tallied tasks under ``key``; the seconds from the first start to the last end."""
+    def done() -> bool:
+        w.check_alive()
+        return int(broker.observer.get(f"{key}:n") or 0) >= count
+    wait_for(done, timeout=60 + count / 20, what=what, every=0.1)
+    return float(broker.observer.get(f"{key}:last")) - float(broker.observer.get(f"{key}:first"))
 
 
 def run_pickup(broker: Broker, variant: Variant, samples: int, warmup: int = 10,
@@ -354,20 +357,14 @@ def run_many_queues(broker: Broker, variant: Variant, count: int, queue_count: i
     try:
         broker.declare(queues)
         targets = queues if spread else queues[-1:]
-        with broker.app.producer_or_acquire() as producer:
-            for i in range(count):
-                broker.app.send_task("bench.noop", args=[key], queue=targets[i % len(targets)], producer=producer)
+        for n, target in enumerate(targets):
+            # count split evenly, the first queues taking the remainder
+            broker.preload(target, "bench.noop", lambda i: [key], count // len(targets) + int(n < count % len(targets)))
         w = broker.worker(queues, variant)
         workers.append(w)
         w.wait_ready()
-
-        def done() -> bool:
-            w.check_alive()
-            return int(broker.observer.get(f"{key}:n") or 0) >= count
-        wait_for(done, timeout=60 + count / 20, what=f"{count} tasks over {queue_count} queues", every=0.1)
-        first = float(broker.observer.get(f"{key}:first"))
-        last = float(broker.observer.get(f"{key}:last"))
-        figures: dict[str, Any] = {"rate": count / (last - first)}
+        seconds = drain_seconds(broker, w, key, count, f"{count} tasks over {queue_count} queues")
+        figures: dict[str, Any] = {"rate": count / seconds}
         if variant.durable:
             stats = broker.app.control.inspect(destination=[w.hostname], timeout=3).stats() or {}
             durable = next(iter(stats.values()), {}).get("durable", {})
@@ -389,9 +386,7 @@ def run_late_pickup(broker: Broker, variant: Variant, count: int, queue_count: i
     workers: list[Worker] = []
     try:
         broker.declare(queues)
-        with broker.app.producer_or_acquire() as producer:
-            for _ in range(count):
-                broker.app.send_task("bench.noop", args=[key], queue=queues[-1], producer=producer)
+        broker.preload(queues[-1], "bench.noop", lambda i: [key], count)
         w = broker.worker(queues, variant)
         workers.append(w)
         w.wait_ready()
@@ -638,14 +633,11 @@ def render(rows: list[Row], *, count: int, rounds: int, samples: int, iso: tuple
         cases = sorted({(r.broker, r.figures.get("queues", 0), r.figures.get("spread", False)) for r in mq
                         if not r.error}, key=lambda c: (c[0], c[2], c[1]))
         for kind, n, spread in cases:
-            def rates(durable: bool, kind: str = kind, n: int = n, spread: bool = spread) -> list[float]:
-                return [r.figures["rate"] for r in mq if not r.error and r.broker == kind
-                        and r.variant.durable is durable and r.figures["queues"] == n
-                        and r.figures["spread"] == spread]
-            trips = [r.figures["round_trips_per_pass"] for r in mq if not r.error and r.broker == kind
-                     and r.variant.durable and r.figures["queues"] == n and r.figures["spread"] == spread
-                     and "round_trips_per_pass" in r.figures]
-            stock, durable = rates(False), rates(True)
+            case = [r for r in mq if not r.error and r.broker == kind and r.figures["queues"] == n
+                    and r.figures["spread"] == spread]
+            stock = [r.figures["rate"] for r in case if not r.variant.durable]
+            durable = [r.figures["rate"] for r in case if r.variant.durable]
+            trips = [r.figures["round_trips_per_pass"] for r in case if "round_trips_per_pass" in r.figures]
             if not stock or not durable:
                 continue
             ratio = statistics.median(durable) / statistics.median(stock)
@@ -746,9 +738,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write", metavar="PATH", help="also write the tables (markdown) to PATH")
     args = parser.parse_args(argv)
 
-    def plan(variants: list[Variant]) -> list[Variant]:
-        return variants
-
     count = 500 if args.quick else 5000
     rounds = args.rounds or (1 if args.quick else 3)
     samples = 30 if args.quick else 200
@@ -788,7 +777,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         applicable = lambda vs: [v for v in vs if kind == "redis" or not v.redis_only]  # noqa: E731
 
         if "throughput" in scenarios:
-            variants = applicable(plan(throughput_variants()))
+            variants = applicable(throughput_variants())
             results: dict[Variant, list[dict[str, Any]]] = {v: [] for v in variants}
             failed: dict[Variant, str] = {}
             for _ in range(rounds):
@@ -809,19 +798,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "cpu_ms": [f["cpu_ms"] for f in results[v]],
                     }))
         if "pickup" in scenarios:
-            for v in applicable(plan(pickup_variants())):
+            for v in applicable(pickup_variants()):
                 figures = attempt("pickup", broker, v, lambda v=v: run_pickup(broker, v, samples))
                 if figures is not None:
                     rows.append(Row("pickup", kind, v, figures))
         if "hol" in scenarios:
-            for v in applicable(plan(hol_variants())):
+            for v in applicable(hol_variants()):
                 figures = attempt("hol", broker, v, lambda v=v: run_head_of_line(broker, v))
                 if figures is not None:
                     rows.append(Row("hol", kind, v, figures))
         if "queues" in scenarios:
             for queue_count, spread in MANY_QUEUE_CASES:
                 for _ in range(rounds):
-                    for v in applicable(plan(many_queue_variants())):
+                    for v in applicable(many_queue_variants()):
                         figures = attempt(f"queues{queue_count}{'s' if spread else ''}", broker, v,
                                           lambda v=v: run_many_queues(broker, v, mq_count, queue_count, spread))
                         if figures is not None:
@@ -829,13 +818,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                        "spread": spread}))
         if "late" in scenarios:
             for _ in range(rounds):
-                for v in applicable(plan(many_queue_variants())):
+                for v in applicable(many_queue_variants()):
                     figures = attempt("late", broker, v,
                                       lambda v=v: run_late_pickup(broker, v, late_count, 50, late_samples))
                     if figures is not None:
                         rows.append(Row("late", kind, v, figures))
         if "isolation" in scenarios:
-            for v in applicable(plan(isolation_variants())):
+            for v in applicable(isolation_variants()):
                 figures = attempt("isolation", broker, v, lambda v=v: run_isolation(broker, v, *iso))
                 if figures is not None:
                     rows.append(Row("isolation", kind, v, figures))

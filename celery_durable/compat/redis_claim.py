@@ -56,9 +56,10 @@ def restore_expired(channel: Any) -> None:
 # message (not JSON, or no properties, string delivery_tag or delivery_info) is
 # pushed to the queue's parked list and the pop goes on: one poison item must
 # neither fail the script (the worker would exit, and good items popped before
-# it would sit unacked) nor cost the ask. A single ask is a pass over one queue. The Python planner
-# replays the asks this returns and refuses a pass that differs from its own
-# plan, so the rules live in one place and this is only their executor.
+# it would sit unacked) nor cost the ask. A single ask is a pass over one queue.
+# The Python planner replays the asks this returns and refuses a pass that
+# differs from its own plan, so the rules live in one place and this is only
+# their executor.
 # The script names each queue's lists itself, as kombu's Channel._q_for_pri
 # does (step 0: the queue's own name; step p: name .. sep .. p), so a pass over
 # many queues sends their names once, not four keys each.
@@ -80,8 +81,8 @@ local steps = cjson.decode(ARGV[5])
 local nsteps = #steps
 local names = cjson.decode(ARGV[6])
 local free = cjson.decode(ARGV[7])
-local to_ask = {}
-for q = 1, #names do to_ask[q] = q end
+local order = {}
+for q = 1, #names do order[q] = q end
 local function list_for(q, step)
   if step == 0 then return names[q] end
   return names[q] .. sep .. step
@@ -134,7 +135,7 @@ local function check_stretch(order, from)
   local some = redis.call('EXISTS', unpack(keys)) > 0
   for _, q in ipairs(members) do lists_may_exist[q] = some end
 end
-local order, pos = to_ask, 1
+local pos = 1
 while true do
   if room == 0 then break end
   if pos > #order then

@@ -122,17 +122,16 @@ class RedisFetcher:
         self.round_trips += 1
         asks, parked = redis_claim.claim_pass(channel, client, self._pass_script, queues, PARKED_SUFFIX,
                                               [free[q] for q in queues], room, time())
-        results: list[PassAsk] = []
-        for queue, count, items, tags in asks:
-            messages = _readable(channel, client, queue, items, tags)
-            results.append(PassAsk(queue, count, len(items), messages))
         for queue, raw in parked:
             log_parked(queue, raw, "not a kombu message: not JSON, or no properties, "
                        "string delivery_tag or delivery_info")
-        for result in results:
-            for message in result.messages:
+        results: list[PassAsk] = []
+        for queue, count, items, tags in asks:
+            messages = _readable(channel, client, queue, items, tags)
+            for message in messages:
                 redis_claim.record_unacked(channel, message)
                 message.accept = self._accept
+            results.append(PassAsk(queue, count, len(items), messages))
         return results
 
 

@@ -5,18 +5,23 @@ from __future__ import annotations
 from tests.e2e.harness import wait_for
 
 
+def assert_strict_turns(s, worker, turns: str, rounds: int) -> None:
+    """Every run ends, they started in ``turns`` order round after round, one at a time, and the worker exits 0."""
+    ended = s.wait_ended(len(turns) * rounds)
+    order = [e["label"][0] for e in sorted(s.started(), key=lambda e: e["t"])]
+    assert order == list(turns * rounds), order
+    assert s.max_concurrency() == 1
+    assert worker.terminate() == 0
+    assert len(ended) == len(turns) * rounds
+
+
 def test_three_backlogged_queues_at_cap_one_run_in_strict_turns(scenario):
     s = scenario(["a", "b", "c"])
     for i in range(6):
         for name in ("a", "b", "c"):
             s.send(name, f"{name}{i}")
     worker = s.worker(conf={"durable_max_in_flight": 1}, concurrency=1).wait_ready()
-    ended = s.wait_ended(18)
-    order = [e["label"][0] for e in sorted(s.started(), key=lambda e: e["t"])]
-    assert order == list("abc" * 6), order
-    assert s.max_concurrency() == 1
-    assert worker.terminate() == 0
-    assert len(ended) == 18
+    assert_strict_turns(s, worker, "abc", rounds=6)
 
 
 def test_three_backlogged_queues_among_fifty_run_in_strict_turns_at_cap_one(scenario):
@@ -29,12 +34,7 @@ def test_three_backlogged_queues_among_fifty_run_in_strict_turns_at_cap_one(scen
         for name in busy:
             s.send(name, f"{busy[name]}{i}")
     worker = s.worker(conf={"durable_max_in_flight": 1}, concurrency=1).wait_ready()
-    ended = s.wait_ended(12)
-    order = [e["label"][0] for e in sorted(s.started(), key=lambda e: e["t"])]
-    assert order == list("abc" * 4), order
-    assert s.max_concurrency() == 1
-    assert worker.terminate() == 0
-    assert len(ended) == 12
+    assert_strict_turns(s, worker, "abc", rounds=4)
 
 
 def test_cap_of_five_holds_and_the_broker_keeps_what_has_not_started(scenario):
