@@ -486,13 +486,21 @@ def throughput_variants() -> list[Variant]:
         Variant("stock threads -c8", "threads", 8),
         Variant("stock threads -c8 --disable-prefetch", "threads", 8, args=("--disable-prefetch",),
                 redis_only=True),
+        # Stock holding no message it cannot run at once (on RabbitMQ as on
+        # Redis): as -P durable does, it waits a round trip per freed slot.
+        Variant("stock threads -c8 acks_late + multiplier 1", "threads", 8, NOTHING_BUFFERED),
         Variant("durable threads -c8", "durable", 8,
                 {"durable_execution": "threads", "durable_max_in_flight": 8}),
         Variant("stock prefork -c2", "prefork", 2),
         Variant("stock prefork -c2 --disable-prefetch", "prefork", 2, args=("--disable-prefetch",),
                 redis_only=True),
+        Variant("stock prefork -c2 acks_late + multiplier 1", "prefork", 2, NOTHING_BUFFERED),
         Variant("durable prefork -c2", "durable", 2, {"durable_max_in_flight": 2}),
     ]
+
+
+#: Stock settings under which a worker holds no more messages than it runs.
+NOTHING_BUFFERED = {"task_acks_late": True, "worker_prefetch_multiplier": 1}
 
 
 def pickup_variants() -> list[Variant]:
@@ -519,8 +527,7 @@ MANY_QUEUE_CASES = [(1, False), (10, False), (50, False), (200, False), (50, Tru
 def hol_variants() -> list[Variant]:
     return [
         Variant("stock default prefetch", "prefork", 1),
-        Variant("stock acks_late + multiplier 1", "prefork", 1,
-                {"task_acks_late": True, "worker_prefetch_multiplier": 1}),
+        Variant("stock acks_late + multiplier 1", "prefork", 1, NOTHING_BUFFERED),
         Variant("stock --disable-prefetch", "prefork", 1, args=("--disable-prefetch",), redis_only=True),
         Variant("durable (no tuning)", "durable", 1),
     ]
@@ -533,11 +540,16 @@ def isolation_variants() -> list[Variant]:
     ]
 
 
+def base_pool(variant: Variant) -> str:
+    """The stock pool a variant's runs execute in (a durable worker's ``durable_execution``)."""
+    return variant.conf.get("durable_execution", "prefork") if variant.durable else variant.pool
+
+
 def stock_baseline(variant: Variant, variants: Sequence[Variant]) -> Variant | None:
     """The stock variant a durable one is compared with: same execution, no tuning."""
     if not variant.durable:
         return None
-    execution = variant.conf.get("durable_execution", "prefork")
+    execution = base_pool(variant)
     for v in variants:
         if not v.durable and v.pool == execution and not v.args and not v.conf:
             return v
@@ -583,13 +595,19 @@ def render(rows: list[Row], *, count: int, rounds: int, samples: int, iso: tuple
                 continue
             rates = r.figures["rates"]
             base = baseline_row(r, [x for x in tp if x.broker == r.broker])
-            ratio = ""
+            ratio = unbuffered_ratio = ""
             if base is not None:
                 ratio = f"**{statistics.median(rates) / statistics.median(base.figures['rates']):.2f}×**"
+            unbuffered = next((x for x in tp if r.variant.durable and x.broker == r.broker and x.error is None
+                               and x.variant.pool == base_pool(r.variant) and x.variant.conf == NOTHING_BUFFERED),
+                              None)
+            if unbuffered is not None:
+                unbuffered_ratio = f"{statistics.median(rates) / statistics.median(unbuffered.figures['rates']):.2f}×"
             lines.append([r.broker, r.variant.label, fmt(statistics.median(rates)),
                           " / ".join(fmt(x) for x in rates), fmt(statistics.median(r.figures["cpu_ms"]), 3),
-                          ratio])
-        table(["broker", "worker", "tasks/s", "rounds", "worker CPU ms/task", "durable / stock"], lines)
+                          ratio, unbuffered_ratio])
+        table(["broker", "worker", "tasks/s", "rounds", "worker CPU ms/task", "durable / stock",
+               "durable / stock acks_late + multiplier 1"], lines)
 
     pk = by("pickup")
     if pk:

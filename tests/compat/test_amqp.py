@@ -136,6 +136,32 @@ def test_channel_queue_declare_passive_pipelined_counts_each_queues_ready_messag
     channel.basic_ack(taken.delivery_info["delivery_tag"])
 
 
+def test_a_delivery_to_another_channel_read_among_the_probe_replies_reaches_its_consumer(amqp_queue: Any) -> None:
+    conn, channel, probed = amqp_queue()
+    other_conn, other_channel, consumed = amqp_queue()
+    delivered: list[Any] = []
+    other_channel.basic_publish(amqp.Message("ready"), exchange="", routing_key=probed)
+    _until(lambda: _ready(other_channel, probed) == 1, "1 message ready")
+    consumer_channel = conn.channel()
+    consumer_channel.basic_consume(consumed, callback=delivered.append)
+    other_channel.basic_publish(amqp.Message("for the consumer"), exchange="", routing_key=consumed)
+    # Sent to the consumer: its frames wait unread on the probing connection's
+    # socket (nothing on that connection reads until the probe does).
+    _until(lambda: _ready(other_channel, consumed) == 0, "the message sent to the consumer")
+    assert delivered == []
+
+    assert pipelined_ready_counts(channel, [probed, consumed]) == {probed: 1, consumed: 0}
+    # The probe read the delivery's frames first and handed them to py-amqp.
+    assert [m.body for m in delivered] == ["for the consumer"]
+    consumer_channel.basic_ack(delivered[0].delivery_tag)
+
+
+def test_a_probe_of_a_queue_that_is_gone_raises_not_found(amqp_queue: Any) -> None:
+    conn, channel, queue = amqp_queue()
+    with pytest.raises(amqp.exceptions.NotFound):
+        pipelined_ready_counts(channel, [queue, unique("gone")])
+
+
 def test_channel_basic_publish_waits_for_the_ack_in_confirm_publish_mode(amqp_queue: Any,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     conn, channel, queue = amqp_queue(transport_options={"confirm_publish": True})
