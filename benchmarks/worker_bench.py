@@ -536,6 +536,8 @@ def hol_variants() -> list[Variant]:
 def isolation_variants() -> list[Variant]:
     return [
         Variant("stock default", "prefork", 4),
+        Variant("stock acks_late + multiplier 1", "prefork", 4, NOTHING_BUFFERED),
+        Variant("stock --disable-prefetch", "prefork", 4, args=("--disable-prefetch",), redis_only=True),
         Variant("durable bulk=2 slots, max_in_flight 4", "durable", 4, {"durable_max_in_flight": 4}),
     ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 from celery.bin.base import CeleryCommand, handle_preload_options
@@ -42,9 +43,9 @@ def show_config(ctx: click.Context) -> None:
 def migrate_store(ctx: click.Context) -> None:
     """Upgrade the durable store (durable_database_url) to this version's schema."""
     from celery_durable.errors import DurableError
-    from celery_durable.store.engine import migrate, store_url
+    from celery_durable.store.engine import migrate
 
-    url = store_url(ctx.obj.app)
+    url = _store_url(ctx.obj.app)
     try:
         before, after = migrate(url)
     except DurableError as err:
@@ -66,26 +67,40 @@ def relay(ctx: click.Context, batch_size: int | None, poll_interval: float | Non
     import signal
 
     from celery_durable import faults
-    from celery_durable.config import DurableConfig
     from celery_durable.metrics.registry import serve
     from celery_durable.outbox.relay import Relay
     from celery_durable.store.urls import shown_url
 
     app = ctx.obj.app
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s] %(name)s: %(message)s")
+    options = {"durable_relay_batch_size": ("--batch-size", batch_size),
+               "durable_relay_poll_interval": ("--poll-interval", poll_interval)}
+    overrides = {setting: value for setting, (_, value) in options.items() if value is not None}
     try:
-        config = from_celery_conf(app.conf)
-        if batch_size is not None or poll_interval is not None:
-            config = DurableConfig(**{**config.__dict__,
-                                      "relay_batch_size": batch_size or config.relay_batch_size,
-                                      "relay_poll_interval": poll_interval or config.relay_poll_interval})
+        config = from_celery_conf(app.conf, overrides)
         if config.metrics_port is not None:
             serve(config.metrics_host, config.metrics_port)
     except ConfigInvalid as err:
-        raise click.ClickException(str(err)) from None
+        # An option given is named, not the setting it overrides: the option is what to fix.
+        named = f"{options[err.setting][0]} {err.problem}" if err.setting in overrides else str(err)
+        raise click.ClickException(named) from None
     runner = Relay(app, batch_size=config.relay_batch_size, poll_interval=config.relay_poll_interval,
                    retention=config.outbox_retention, faults=faults.of(app))
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: runner.stop())
     click.echo(f"durable relay: publishing the outbox of {shown_url(runner.url)}", err=True)
     runner.run()
+
+
+def _store_url(app: Any) -> str:
+    """The app's store URL, or one line naming ``durable_database_url`` when it does not parse."""
+    from celery_durable.config import database_url
+    from celery_durable.store.engine import store_url
+
+    given = app.conf.get("durable_database_url")
+    try:
+        if given is not None:
+            database_url(given)
+    except ConfigInvalid as err:
+        raise click.ClickException(str(err)) from None
+    return store_url(app)

@@ -134,16 +134,14 @@ class DurableConfig:
     def slots_for(self, queue: str) -> int:
         return self.queue_slots.get(queue, self.default_queue_slots)
 
-    def check_queues(self, consumed: Iterable[str]) -> None:
-        """Refuse slots named for a queue this worker does not consume (a typo, usually)."""
-        consumed = set(consumed)
-        unknown = sorted(set(self.queue_slots) - consumed)
-        if unknown:
-            raise ConfigInvalid(
-                "durable_queue_concurrency",
-                f"names queues this worker does not consume: {', '.join(unknown)} "
-                f"(consumed: {', '.join(sorted(consumed))})",
-            )
+    def unconsumed_queues(self, consumed: Iterable[str]) -> list[str]:
+        """Queues ``durable_queue_concurrency`` names that this worker does not consume.
+
+        One settings module usually serves several deployments with different
+        ``-Q``: their slots are not an error, they wait for a queue that
+        ``add_consumer`` may add.
+        """
+        return sorted(set(self.queue_slots) - set(consumed))
 
 
 def whole_number(setting: str, value: Any) -> int:
@@ -283,17 +281,19 @@ def _settings() -> dict[str, tuple[Field[Any], ...]]:
 SETTINGS = _settings()
 
 
-def from_celery_conf(conf: Mapping[str, Any]) -> DurableConfig:
-    """Read and validate every ``durable_*`` setting of a Celery app's conf."""
-    unknown = sorted(
-        key for key in conf if isinstance(key, str) and key.startswith("durable_") and key not in SETTINGS
-    )
+def from_celery_conf(conf: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> DurableConfig:
+    """Read and validate every ``durable_*`` setting of a Celery app's conf.
+
+    ``overrides`` (setting name to value, e.g. from the worker's command line)
+    replace what the conf says, and are validated the same way.
+    """
+    unknown = sorted(key for key in conf if _unknown_setting(key, getattr(conf, "prefix", None)))
     if unknown:
         raise ConfigInvalid(unknown[0], "is not a celery_durable setting (a typo?)")
 
     kwargs: dict[str, Any] = {}
     for setting, config_fields in SETTINGS.items():
-        raw = conf.get(setting)
+        raw = overrides[setting] if overrides and setting in overrides else conf.get(setting)
         if raw is None:
             continue  # unset: the field's default
         for config_field in config_fields:
@@ -302,6 +302,24 @@ def from_celery_conf(conf: Mapping[str, Any]) -> DurableConfig:
             if value is not None:
                 kwargs[config_field.name] = value
     return DurableConfig(**kwargs)
+
+
+def _unknown_setting(key: Any, prefix: str | None) -> bool:
+    """A key that looks like a ``durable_*`` setting but is none, as the conf holds it.
+
+    Under a namespace (``config_from_object("django.conf:settings",
+    namespace="CELERY")``) Celery reads ``durable_max_in_flight`` from
+    ``CELERY_DURABLE_MAX_IN_FLIGHT`` (its ``ConfigurationView.prefix``, matched
+    in the prefix's case), so a typo there is as much ours as one without it.
+    """
+    if not isinstance(key, str):
+        return False
+    if prefix and key.upper().startswith(prefix.upper()) and key[len(prefix):].lower().startswith("durable_"):
+        name = key[len(prefix):]
+        # Celery looks the setting up in the prefix's case only.
+        spelled = name.upper() if prefix.isupper() else name.lower()
+        return name != spelled or name.lower() not in SETTINGS
+    return key.startswith("durable_") and key not in SETTINGS
 
 
 def lease_ttl(conf: Mapping[str, Any]) -> float:

@@ -1,4 +1,4 @@
-"""The prefork pool's event-loop side, reaping a pool child as soon as it has exited."""
+"""The prefork pool's event-loop side: a pool child reaped as soon as it has exited, children added at once."""
 
 from __future__ import annotations
 
@@ -30,6 +30,17 @@ class ReapingAsynPool(AsynPool):
     #: Stop looking after this long: a child that closed its sentinel without
     #: exiting is left to Celery's periodic ``maintain_pool``.
     reap_give_up_after = 5.0
+
+    def grow(self, n: int = 1) -> None:
+        """Add ``n`` children now (``celery control pool_grow``).
+
+        billiard's ``Pool.grow`` only raises the target; the children come at the
+        next ``maintain_pool`` (Celery's 5 s timer). ``-P durable`` raises its
+        capacity at once, and the runs it claims for the new room would wait in
+        the pool for processes that do not exist yet.
+        """
+        super().grow(n)
+        self.maintain_pool()
 
     def _event_process_exit(self, hub: Any, proc: Any) -> None:
         super()._event_process_exit(hub, proc)

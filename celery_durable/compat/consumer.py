@@ -127,7 +127,7 @@ def _polling_loop(obj: Any, connection: Any, stand_in: ClaimingTaskConsumer, blu
 
 
 class ConsumerHooks(Consumer):  # type: ignore[misc]
-    """Celery's consumer with the two private methods ``-P durable`` overrides, forwarded to public ones."""
+    """Celery's consumer with the private methods ``-P durable`` overrides, forwarded to public ones."""
 
     def when_due(self, request: Any, go: Callable[[], None]) -> None:
         """Start ``request`` (``go``) once it fits; a subclass decides. Called when an ETA passes."""
@@ -137,6 +137,15 @@ class ConsumerHooks(Consumer):  # type: ignore[misc]
         # Celery (>= 5.3) calls this when a rate-limited request's ETA passes,
         # instead of apply_eta_task: it must wait for a slot like any due run.
         self.when_due(request, lambda: Consumer._limit_post_eta(self, request, bucket, tokens))
+
+    def pool_resized(self) -> None:
+        """The pool grew or shrank by remote control; a subclass decides what follows."""
+
+    def _update_prefetch_count(self, index: int = 0) -> None:
+        # Celery's pool_grow/pool_shrink control commands call this after resizing
+        # the pool, to move the push consumer's prefetch: -P durable never
+        # push-consumes, its capacity follows the pool instead.
+        self.pool_resized()
 
     def _restore_prefetch_count_after_connection_restart(self, p: Any, *args: Any) -> None:
         # Celery (>= 5.3, consumer.py) restores its push consumer's prefetch count

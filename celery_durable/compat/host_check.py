@@ -42,6 +42,7 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     *_points("compat.pool_alias", "celery.bin.worker", "WORKERS_POOL.choices"),
     *_points("compat.consumer", "celery.worker.consumer.consumer",
              "Consumer._limit_post_eta", "Consumer._restore_prefetch_count_after_connection_restart",
+             "Consumer._update_prefetch_count",
              "Consumer.apply_eta_task", "Consumer.loop_args", "Consumer.create_task_handler",
              "Consumer.perform_pending_operations", "Consumer.on_ready", "Consumer.on_close"),
     *_points("compat.consumer", "celery.worker.loops", "asynloop"),

@@ -10,8 +10,10 @@ record. Pinned by tests/compat/test_redis_claim.py.
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Any
 
+import redis
 from kombu.transport import virtual
 
 
@@ -63,10 +65,11 @@ def restore_expired(channel: Any) -> None:
 # The script names each queue's lists itself, as kombu's Channel._q_for_pri
 # does (step 0: the queue's own name; step p: name .. sep .. p), so a pass over
 # many queues sends their names once, not four keys each.
-# KEYS: unacked index, unacked hash.
+# KEYS: unacked index, unacked hash (each with the transport's global_keyprefix).
 # ARGV: now, room (-1: no process cap), sep, parked suffix, then as JSON arrays
 # the priority steps, the queue names and their free slots (three strings: a
-# pass over hundreds of queues encodes in microseconds, not one argument each).
+# pass over hundreds of queues encodes in microseconds, not one argument each),
+# then the global_keyprefix the script puts before every list it names.
 # Returns {asks, parked}: each ask that took items {queue number, count, items,
 # tags} (an ask that took none changes nothing the planner tracks but its place,
 # so it is left out: a pass over 200 mostly empty queues answers in a few bytes),
@@ -81,11 +84,12 @@ local steps = cjson.decode(ARGV[5])
 local nsteps = #steps
 local names = cjson.decode(ARGV[6])
 local free = cjson.decode(ARGV[7])
+local prefix = ARGV[8]
 local order = {}
 for q = 1, #names do order[q] = q end
 local function list_for(q, step)
-  if step == 0 then return names[q] end
-  return names[q] .. sep .. step
+  if step == 0 then return prefix .. names[q] end
+  return prefix .. names[q] .. sep .. step
 end
 local again = {}
 local asks = {}
@@ -111,7 +115,7 @@ local function pop(q, want)
         items[#items + 1] = item
         tags[#tags + 1] = tag
       else
-        redis.call('LPUSH', names[q] .. parked_suffix, item)
+        redis.call('LPUSH', prefix .. names[q] .. parked_suffix, item)
         parked[#parked + 1] = {q, item}
       end
     end
@@ -174,6 +178,25 @@ def register_pass(client: Any) -> Any:
     return client.register_script(_PASS_LUA)
 
 
+_plain_clients: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _unprefixed(client: Any) -> Any:
+    """A client that sends keys as given, on ``client``'s connection pool.
+
+    With the transport option ``global_keyprefix`` kombu's client is a
+    ``PrefixedStrictRedis``, which prefixes only the first key of an EVALSHA
+    (kombu 5.x ``PREFIXED_COMPLEX_COMMANDS``): the claim script gets every key
+    and list name already prefixed instead, and runs on a plain client.
+    """
+    if not getattr(client, "global_keyprefix", ""):
+        return client
+    plain = _plain_clients.get(client)
+    if plain is None:
+        plain = _plain_clients[client] = redis.Redis(connection_pool=client.connection_pool)
+    return plain
+
+
 def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked_suffix: str,
                free: list[int], room: int | None,
                now: float) -> tuple[list[tuple[str, int, list[Any], list[Any]]], list[tuple[str, Any]]]:
@@ -182,14 +205,16 @@ def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked
     Returns the asks that took items, each ``(queue, count, items, tags)``, and the
     items it parked (on ``queue + parked_suffix``), each ``(queue, item)``.
     The script names the priority lists as ``Channel._q_for_pri`` does, from the
-    channel's ``sep`` and ``priority_steps`` (kombu 5.x).
+    channel's ``sep`` and ``priority_steps`` (kombu 5.x), each behind the
+    channel's ``global_keyprefix``, as kombu's own client writes them.
     """
     qos = channel.qos
-    keys: list[str] = [qos.unacked_index_key, qos.unacked_key]
+    prefix = getattr(channel, "global_keyprefix", "") or ""
+    keys: list[str] = [prefix + qos.unacked_index_key, prefix + qos.unacked_key]
     steps = [channel.priority(step) for step in channel.priority_steps]
     args = [repr(now), -1 if room is None else room, channel.sep, parked_suffix,
-            json.dumps(steps), json.dumps(queues), json.dumps(free)]
-    asks, parked_items = script(keys=keys, args=args, client=client)
+            json.dumps(steps), json.dumps(queues), json.dumps(free), prefix]
+    asks, parked_items = script(keys=keys, args=args, client=_unprefixed(client))
     refresh_expiry = getattr(channel, "_maybe_update_queues_expire", None)
     taken = []
     for number, count, items, tags in asks:

@@ -152,6 +152,8 @@ def _refuse_canvas_steps(sig: Signature) -> None:
 def _chain_step(step: Signature) -> dict[str, Any]:
     """A later chain step as the first message's embed carries it: the frozen signature, as JSON."""
     entry = dict(step)
+    # Kept as JSON structures (kombu's typed values as their envelopes): the chain is
+    # stored with the options, and a worker's kombu decodes the envelopes when it reads the message.
     entry["args"] = json.loads(encode(f"the arguments of {step.task}", list(step.args or ())))
     entry["kwargs"] = json.loads(encode(f"the keyword arguments of {step.task}", dict(step.kwargs or {})))
     entry["options"] = chain_step_options(step.task, step.options or {})

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import math
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import date, datetime, time
+from decimal import Decimal
 from typing import Any
+
+from kombu.utils import json as kombu_json
 
 from celery_durable.errors import NotJSON, RunIdInvalid, StepNameInvalid
 
@@ -101,6 +105,12 @@ class Ledger:
         self.stored[key] = encoded
 
 
+#: What kombu's JSON carries beside plain JSON, as ``{"__type__": ..., "__value__": ...}``
+#: (kombu ``utils/json.py``): Celery's json serializer sends task arguments of these
+#: types, so a durable run stores them, and a step may return them, the same way.
+KOMBU_TYPED = (datetime, date, time, Decimal, uuid.UUID, bytes)
+
+
 def _same(a: Any, b: Any) -> bool:
     # == alone passes 1 == 1.0 == True and misses a tuple turned into a list;
     # the types must survive too, or a replay would hand back something else.
@@ -129,7 +139,7 @@ def _first_offender(value: Any, path: str = "") -> str:
             if found:
                 return found
         return ""
-    if value is None or isinstance(value, (str, bool, int)):
+    if value is None or isinstance(value, (str, bool, int, *KOMBU_TYPED)):
         return ""
     if isinstance(value, float):
         return "" if math.isfinite(value) else f"{path or 'the value'} is {value!r}, which JSON cannot hold"
@@ -142,20 +152,34 @@ def to_json(what: str, value: Any) -> str:
     ``what`` names the value in the error (e.g. ``step 'charge'``).
     """
     try:
-        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        encoded = _dumps(value)
     except (TypeError, ValueError) as err:
         detail = _first_offender(value) or str(err)
-        raise NotJSON(f"{what} must be JSON (str, int, float, bool, None, list, dict with str keys): "
+        raise NotJSON(f"{what} must be JSON (str, int, float, bool, None, list, dict with str keys, or "
+                      f"what Celery's JSON carries: datetime, date, time, Decimal, UUID, bytes): "
                       f"{detail}") from None
-    if not _same(value, json.loads(encoded)):
+    try:
+        decoded = from_json(encoded)
+    except ValueError:
+        decoded = _UNDECODABLE  # a dict that looks like kombu's typed envelope but is not one
+    if not _same(value, decoded):
         detail = _first_offender(value) or "it does not decode to an equal value"
         raise NotJSON(f"{what} does not round-trip through JSON: {detail} "
                       f"(return lists and dicts with str keys)")
     return encoded
 
 
+_UNDECODABLE = object()
+
+
+def _dumps(value: Any) -> str:
+    encoded: str = kombu_json.dumps(value, allow_nan=False, separators=(",", ":"))
+    return encoded
+
+
 def from_json(encoded: str | None) -> Any:
-    return None if encoded is None else json.loads(encoded)
+    """A stored value as it was encoded (kombu's typed values decoded back: a datetime is a datetime)."""
+    return None if encoded is None else kombu_json.loads(encoded)
 
 
 def encode(what: str, value: Any) -> str:
@@ -165,7 +189,7 @@ def encode(what: str, value: Any) -> str:
     tuple coming back as a list changes nothing a replay depends on.
     """
     try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+        return _dumps(value)
     except (TypeError, ValueError) as err:
         detail = _first_offender(value) or str(err)
         raise NotJSON(f"{what} must be JSON-serialisable to be stored: {detail}") from None

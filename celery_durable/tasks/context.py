@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from celery_durable.errors import NotDurable, StoreUnavailable
 from celery_durable.faults import AFTER_COMMIT, BEFORE_COMMIT, BEFORE_FN, NO_FAULTS, FaultPoints
-from celery_durable.planning.checkpoints import Ledger, check_step_name, to_json
+from celery_durable.planning.checkpoints import Ledger, check_step_name, from_json, to_json
 from celery_durable.store import runs, steps
 from celery_durable.store.engine import autocommit, unavailable_as_error
 from celery_durable.store.runs import Run
@@ -46,7 +45,7 @@ class RunContext:
         key = self.ledger.next_key(name)
         stored = self.ledger.lookup(key)
         if stored is not None:
-            return json.loads(stored)
+            return from_json(stored)
         if not callable(fn):
             raise TypeError(f"step {name!r}: fn must be callable, got {fn!r}")
         what = f"the result of step {name!r}" + (f" (occurrence {key.occurrence})" if key.occurrence else "")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from celery_durable.errors import RunNotDead, RunNotFound
+from celery_durable.planning.checkpoints import from_json
 from celery_durable.store import runs as store_runs
 from celery_durable.store.engine import ensure_schema, store_url, unavailable_as_error
 from celery_durable.store.runs import Run
@@ -69,7 +69,7 @@ def _send(app: Any, run: Run) -> None:
     options: dict[str, Any] = {"task_id": run.id}
     if run.queue:
         options["queue"] = run.queue
-    args, kwargs = json.loads(run.args), json.loads(run.kwargs)
+    args, kwargs = from_json(run.args), from_json(run.kwargs)
     task = app.tasks.get(run.task_name)
     if task is not None:
         task.apply_async(args, kwargs, **options)

@@ -6,6 +6,7 @@ import atexit
 import logging
 import os
 import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery import signals
@@ -15,6 +16,7 @@ from celery_durable.compat.pool_alias import register_pool_alias
 from celery_durable.config import DurableConfig, from_celery_conf
 from celery_durable.errors import ConfigInvalid, HostIncompatible
 from celery_durable.metrics import count_files
+from celery_durable.worker import cli_options
 
 logger = logging.getLogger(__name__)
 
@@ -25,9 +27,23 @@ CONSUMER_PATH = "celery_durable.worker.consumer:DurableConsumer"
 
 _registered = False
 
+
+@dataclass(frozen=True)
+class CommandLine:
+    """What the worker was started with that Celery no longer tells by ``worker_init``."""
+
+    #: -c (or worker_concurrency) was given: by worker_init a missing -c is already cpu_count().
+    concurrency_given: bool = True
+    #: --autoscale: Celery's Pool bootstep sets the worker's autoscale only after worker_init.
+    autoscale: bool = False
+    #: durable_* settings the worker's own options override (worker/cli_options.py).
+    overrides: dict[str, Any] = field(default_factory=dict)
+    #: An option that could not be read at all (``--queue-concurrency reports``).
+    refused: ConfigInvalid | None = None
+
 # What boot learned about each worker, kept here rather than as attributes set
 # on Celery's WorkController (which Celery does not promise to leave alone).
-_concurrency_given: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_command_lines: weakref.WeakKeyDictionary[Any, CommandLine] = weakref.WeakKeyDictionary()
 _configs: weakref.WeakKeyDictionary[Any, DurableConfig] = weakref.WeakKeyDictionary()
 
 
@@ -48,7 +64,7 @@ def register() -> None:
     register_pool_alias(POOL_ALIAS, POOL_PATH)
     if _registered:
         return
-    signals.celeryd_init.connect(_remember_concurrency_given, weak=False, dispatch_uid="celery_durable.celeryd_init")
+    signals.celeryd_init.connect(_remember_command_line, weak=False, dispatch_uid="celery_durable.celeryd_init")
     signals.worker_init.connect(_wire_durable_worker, weak=False, dispatch_uid="celery_durable.worker_init")
     _registered = True
 
@@ -61,13 +77,24 @@ def is_durable_pool(pool_cls: Any) -> bool:
     return isinstance(pool_cls, type) and issubclass(pool_cls, DurablePoolMixin)
 
 
-def _remember_concurrency_given(sender: Any = None, instance: Any = None, conf: Any = None,
-                                options: Any = None, **_: Any) -> None:
-    # By worker_init Celery has already replaced a missing -c by cpu_count();
-    # only here can we still tell whether the user chose the pool size.
-    if instance is not None:
-        given = (options or {}).get("concurrency") or (conf or {}).get("worker_concurrency")
-        _concurrency_given[instance] = bool(given)
+def _remember_command_line(sender: Any = None, instance: Any = None, conf: Any = None,
+                           options: Any = None, **_: Any) -> None:
+    if instance is None:
+        return
+    options = options or {}
+    overrides: dict[str, Any] = {}
+    refused = None
+    try:
+        overrides = cli_options.overrides(options)
+    except ConfigInvalid as err:
+        # Refused at worker_init with the settings, in the same one line.
+        refused = cli_options.naming_the_option(err, {err.setting or "": None})
+    _command_lines[instance] = CommandLine(
+        concurrency_given=bool(options.get("concurrency") or (conf or {}).get("worker_concurrency")),
+        autoscale=bool(options.get("autoscale")),
+        overrides=overrides,
+        refused=refused,
+    )
 
 
 def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
@@ -96,7 +123,7 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
     if config.execution == "prefork":
         _share_counts(worker)
     worker.consumer_cls = CONSUMER_PATH
-    if not _concurrency_given.get(worker, True):
+    if not _command_lines.get(worker, CommandLine()).concurrency_given:
         consumed = list(worker.app.amqp.queues.consume_from)
         slots_sum = sum(config.slots_for(q) for q in consumed)
         if config.max_in_flight is not None:
@@ -130,8 +157,15 @@ def _share_counts(worker: Any) -> None:
 
 
 def _validated_config(worker: Any) -> DurableConfig:
-    if getattr(worker, "autoscale", None):
-        raise ConfigInvalid("--autoscale", "cannot be used with -P durable: size the pool with -c")
-    config = from_celery_conf(worker.app.conf)
-    config.check_queues(worker.app.amqp.queues.consume_from)
+    command_line = _command_lines.get(worker, CommandLine())
+    if command_line.autoscale or getattr(worker, "autoscale", None):
+        raise ConfigInvalid("--autoscale", "cannot be used with -P durable: size the pool with -c "
+                                           "(pool_grow and pool_shrink move the capacity with it)")
+    if command_line.refused is not None:
+        raise command_line.refused
+    overrides = command_line.overrides
+    try:
+        config = from_celery_conf(worker.app.conf, overrides)
+    except ConfigInvalid as err:
+        raise cli_options.naming_the_option(err, overrides) from None
     return config

@@ -99,6 +99,9 @@ class Claimer:
         self._admitting: HeldRun | None = None
         self._ready = ReadyCounts()
         self.passes = 0
+        #: Messages admitted from claim passes, and from the idle any-queue wait.
+        self.claimed_by_passes = 0
+        self.claimed_by_idle_wait = 0
 
     # -- lifecycle -----------------------------------------------------------
     @property
@@ -129,6 +132,16 @@ class Claimer:
     def close(self) -> None:
         self.stop()
         self._idle_channels.close()
+
+    def queues_changed(self) -> None:
+        """A queue was cancelled (or added): the idle wait must not go on consuming what it was armed on.
+
+        Called on the loop thread (remote control runs there), before the
+        command replies: a message sent to a cancelled queue after the reply
+        must stay in the broker. The pass this kicks re-arms on the queues now consumed.
+        """
+        self._cancel_idle_wait()
+        self.kick()
 
     # -- wake-ups ------------------------------------------------------------
     def kick(self) -> None:
@@ -174,6 +187,7 @@ class Claimer:
                 self._ready.took(ask.queue, ask.count, got)
                 sweep = record(sweep, ask, got)
         self.cursor = sweep.cursor
+        self.claimed_by_passes += sweep.claimed
         if self.claiming and self.held.room() > 0 and not self._kick_pending:
             # Every queue with a free slot gave less than it was asked for: wait
             # on all of them at once instead of polling. Not while a kick is
@@ -320,6 +334,7 @@ class Claimer:
         def on_message(message: Any) -> None:
             messages.append(message)
             self.cursor = queue_name
+            self.claimed_by_idle_wait += 1
             # Admitted before the wait is cancelled (a synchronous round trip on
             # AMQP): the wait's channel has a prefetch of one, so nothing else
             # can arrive on it meanwhile.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -17,8 +16,6 @@ from celery_durable.worker.boot import config_for
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.runtime import WorkerRuntime
 
-logger = logging.getLogger(__name__)
-
 
 class DurableStats(bootsteps.StartStopStep):
     """Adds the claim counts to ``celery inspect stats``."""
@@ -28,7 +25,10 @@ class DurableStats(bootsteps.StartStopStep):
     def info(self, c: Any) -> dict[str, Any]:
         if not isinstance(c, DurableConsumer):
             return {}
-        return {"durable": c.runtime.stats()}
+        # After Celery's Tasks step, whose prefetch_count is the unused push
+        # consumer's QoS: the most this worker holds to run at once is its
+        # capacity (as stock's prefetch count is under acks_late and a multiplier of 1).
+        return {"durable": c.runtime.stats(), "prefetch_count": c.runtime.capacity()}
 
 
 class DurableConsumer(ConsumerHooks):
@@ -126,12 +126,22 @@ class DurableConsumer(ConsumerHooks):
                 **options,
             )
         q(self.connection.default_channel).declare()
+        if self.task_consumer is not None and q.name not in {known.name for known in self.task_consumer.queues}:
+            # Never consumed: the push consumer's queue list is what inspect
+            # active_queues (and Flower's Queues tab) report.
+            self.task_consumer.add_queue(q)
         self.runtime.add_queue(q.name)
 
     def cancel_task_queue(self, queue: str) -> None:
         queues = self.app.amqp.queues
         queues.deselect(queue)
-        logger.info("durable.queue.cancelled queue=%s", queue)
+        if self.task_consumer is not None:
+            self.task_consumer.cancel_by_queue(queue)
+        self.runtime.queue_cancelled(queue)
+
+    # -- the pool resized by remote control (pool_grow / pool_shrink) ---------------
+    def pool_resized(self) -> None:
+        self.runtime.pool_resized(self.pool.num_processes)
 
     # -- shutdown ----------------------------------------------------------------
     def stop(self) -> None:

@@ -55,8 +55,9 @@ class HeldRuns:
         self._lock = threading.Lock()
 
     def set_capacity(self, capacity: int) -> None:
-        if capacity < 1:
-            raise InvariantBroken(f"capacity must be >= 1, got {capacity!r}")
+        # 0 is a pool shrunk to nothing by remote control: claim nothing until it grows.
+        if capacity < 0:
+            raise InvariantBroken(f"capacity must be >= 0, got {capacity!r}")
         with self._lock:
             self.capacity = capacity
 

@@ -44,6 +44,12 @@ class WorkerRuntime:
         new_fetcher: Callable[[Any, Any], Fetcher] = fetcher_for,
     ) -> None:
         self.config = config
+        unconsumed = config.unconsumed_queues(queues)
+        if unconsumed:
+            # Logged here, not at worker_init: Celery sets its logging up after that signal.
+            logger.info("durable.config.queue_not_consumed queues=%s: durable_queue_concurrency names queues "
+                        "this worker does not consume (-Q); their slots apply if add_consumer adds them",
+                        ",".join(unconsumed), extra={"queues": unconsumed})
         slots = {queue: config.slots_for(queue) for queue in queues}
         self._capacity = capacity(config.max_in_flight, pool_limit, list(slots.values()))
         self.pool_limit = pool_limit
@@ -199,11 +205,33 @@ class WorkerRuntime:
     def add_queue(self, queue: str) -> None:
         self.held.set_queue(queue, self.config.slots_for(queue))
         # The queues' slots may have been what bounded the capacity: an added queue raises it.
+        self._recompute_capacity()
+        logger.info("durable.queue.added queue=%s", queue)
+        self.kick()
+
+    def queue_cancelled(self, queue: str) -> None:
+        """``cancel_consumer``: nothing more is claimed from ``queue``; runs held from it go on."""
+        if self.claimer is not None:
+            self.claimer.queues_changed()
+        logger.info("durable.queue.cancelled queue=%s", queue)
+
+    def pool_resized(self, pool_size: int) -> None:
+        """The pool grew or shrank (``pool_grow``/``pool_shrink``): the capacity follows it.
+
+        After a shrink the worker may hold more runs than the new capacity (they
+        were running): it claims nothing until they are fewer, so no claimed
+        run ever waits for a process.
+        """
+        self.pool_limit = pool_size
+        self._recompute_capacity()
+        logger.info("durable.pool.resized pool=%s capacity=%s", pool_size, self._capacity,
+                    extra={"pool": pool_size, "capacity": self._capacity})
+        self.kick()
+
+    def _recompute_capacity(self) -> None:
         slots = [self.config.slots_for(name) for name in self.held.queues()]
         self._capacity = capacity(self.config.max_in_flight, self.pool_limit, slots)
         self.held.set_capacity(self._capacity)
-        logger.info("durable.queue.added queue=%s", queue)
-        self.kick()
 
     def connection_lost(self) -> None:
         """The broker connection is gone: every held message is the broker's again.
@@ -238,5 +266,7 @@ class WorkerRuntime:
             "held_by_queue": self.held.held_by_queue(),
             "queue_slots": {q: config.slots_for(q) for q in self.held.queues()},
             "claim_passes": self.claimer.passes if self.claimer is not None else 0,
+            "claimed_by_passes": self.claimer.claimed_by_passes if self.claimer is not None else 0,
+            "claimed_by_idle_wait": self.claimer.claimed_by_idle_wait if self.claimer is not None else 0,
             "claim_round_trips": self.claimer.round_trips if self.claimer is not None else 0,
         }

@@ -171,15 +171,37 @@ def test_channel_maybe_update_queues_expire_refreshes_an_expiring_queue_on_claim
     assert 0 < q.client.pttl(q.name) <= 60_000
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "compat.redis_claim.claim_pass runs its script through kombu's PrefixedStrictRedis, which prefixes only the "
-    "first EVALSHA key (kombu 5.5-5.7 PREFIXED_COMPLEX_COMMANDS: args 2..3): with the transport option "
-    "global_keyprefix the claim reads unprefixed priority lists (takes nothing) and would write the unacked "
-    "hash and parked list unprefixed while kombu's ack and restore read the prefixed ones"))
-def test_claim_takes_what_kombu_stored_under_a_global_keyprefix(redis_queue: Any) -> None:
-    q = redis_queue(global_keyprefix="compat-prefix:")
+@pytest.mark.parametrize("through", ["a plain client", "kombu's prefixing client"])
+def test_claim_takes_what_kombu_stored_under_a_global_keyprefix_and_kombu_acks_it(redis_queue: Any,
+                                                                                  through: str) -> None:
+    # Before: the claim read unprefixed lists and took nothing (kombu's client
+    # prefixes only the first key of an EVALSHA), so the worker fell back to one get at a time.
+    prefix = "compat-prefix:"
+    q = redis_queue(global_keyprefix=prefix)
+    if through != "a plain client":
+        with q.channel.conn_or_acquire() as client:
+            q.client = client
     q.publish("m1")
+    q.publish("m2")
     items, tags, _ = q.claim(1)
     assert [q.message(item).decode() for item in items] == ["m1"]
     [tag] = tags
-    assert q.client.hget(f"compat-prefix:{q.channel.qos.unacked_key}", tag) is not None
+    plain = redis.Redis.from_url(REDIS_URL)
+    assert plain.hget(f"{prefix}{q.channel.qos.unacked_key}", tag) is not None
+    assert plain.zscore(f"{prefix}{q.channel.qos.unacked_index_key}", tag) is not None
+    assert plain.llen(f"{prefix}{q.name}") == 1  # the other message, still where kombu put it
+    assert not plain.exists(q.name, q.channel.qos.unacked_key)  # nothing written unprefixed
+    # kombu's own ack reads the records the claim wrote.
+    redis_claim.record_unacked(q.channel, q.message(items[0]))
+    q.channel.qos.ack(tag)
+    assert plain.hget(f"{prefix}{q.channel.qos.unacked_key}", tag) is None
+
+
+def test_claim_parks_poison_under_the_global_keyprefix(redis_queue: Any) -> None:
+    prefix = "compat-prefix:"
+    q = redis_queue(global_keyprefix=prefix)
+    plain = redis.Redis.from_url(REDIS_URL)
+    plain.lpush(f"{prefix}{q.name}", "not json")
+    items, tags, parked = q.claim(1)
+    assert (items, tags, parked) == ([], [], [b"not json"])
+    assert plain.lrange(f"{prefix}{q.name}{PARKED_SUFFIX}", 0, -1) == [b"not json"]

@@ -8,8 +8,11 @@ that ran twice shows up as two rows.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import uuid
+from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
@@ -169,3 +172,15 @@ def bad_step_name(self: Any, kind: str) -> str:
     observe("start", kind, id=self.request.id)
     # effect() writes a row each time it runs: the test asserts there is none.
     return str(self.step(BAD_STEP_NAMES[kind], effect, self.request.id, kind))
+
+
+def _next_day(when: dt.datetime) -> dt.datetime:
+    return when + dt.timedelta(days=1)
+
+
+@app.durable_task(bind=True, name="durable.typed", max_retries=0, on_settled=_settled)
+def typed(self: Any, when: dt.datetime, ident: uuid.UUID, amount: Decimal, blob: bytes) -> dict[str, Any]:
+    """Arguments Celery's JSON carries typed, and a step that returns a datetime."""
+    later = self.step("next day", _next_day, when)
+    observe("typed", self.request.id, types=[type(v).__name__ for v in (when, ident, amount, blob, later)])
+    return {"later": later, "ident": ident, "amount": amount, "blob": blob}

@@ -45,8 +45,6 @@ REFUSED: list[Any] = [
     pytest.param(const({"durable_max_in_flight": NAN}), "durable_max_in_flight", "got nan", id="cap-nan"),
     pytest.param(const({"durable_max_in_flight": INF}), "durable_max_in_flight", "got inf", id="cap-inf"),
     pytest.param(const({"durable_queue_concurrency": 0}), "durable_queue_concurrency", "got 0", id="slots-0"),
-    pytest.param(const({"durable_queue_concurrency": {"nope": 2}}), "durable_queue_concurrency",
-                 "does not consume: nope", id="slots-for-a-queue-not-consumed"),
     pytest.param(lambda s: {"durable_queue_concurrency": {s.by_name["a"]: 0}}, "durable_queue_concurrency",
                  "got 0", id="slots-0-for-a-consumed-queue"),
     pytest.param(lambda s: {"durable_queue_concurrency": {s.by_name["a"]: "2"}}, "durable_queue_concurrency",

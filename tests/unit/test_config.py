@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import pickle
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -233,16 +234,13 @@ def test_the_queue_slots_read_do_not_follow_later_changes_to_the_conf():
     assert config.slots_for("reports") == 2
 
 
-# -- check_queues -------------------------------------------------------------------------------------
+# -- unconsumed_queues ----------------------------------------------------------------------------------
 
-def test_check_queues_refuses_slots_for_a_queue_not_consumed():
-    config = from_celery_conf({"durable_queue_concurrency": {"reports": 2, "nope": 1}})
-    with pytest.raises(ConfigInvalid) as caught:
-        config.check_queues(["default", "reports"])
-    err = caught.value
-    assert err.setting == "durable_queue_concurrency"
-    assert "nope" in str(err)
-    assert "does not consume: nope (" in str(err)
+def test_slots_for_a_queue_this_worker_does_not_consume_are_named_not_refused():
+    # One settings module serves workers with different -Q: the others' queues are not an error.
+    config = from_celery_conf({"durable_queue_concurrency": {"reports": 2, "nope": 1, "emails": 3}})
+    assert config.unconsumed_queues(["default", "reports"]) == ["emails", "nope"]
+    assert config.slots_for("nope") == 1  # kept for an add_consumer that adds it later
 
 
 @pytest.mark.parametrize(
@@ -254,12 +252,12 @@ def test_check_queues_refuses_slots_for_a_queue_not_consumed():
         ({}, []),
     ],
 )
-def test_check_queues_accepts_slots_for_consumed_queues(slots, consumed):
-    DurableConfig(queue_slots=slots).check_queues(consumed)
+def test_slots_for_consumed_queues_leave_nothing_unconsumed(slots, consumed):
+    assert DurableConfig(queue_slots=slots).unconsumed_queues(consumed) == []
 
 
-def test_check_queues_accepts_a_generator():
-    DurableConfig(queue_slots={"a": 1}).check_queues(q for q in ["a", "b"])
+def test_unconsumed_queues_accepts_a_generator():
+    assert DurableConfig(queue_slots={"a": 1, "c": 1}).unconsumed_queues(q for q in ["a", "b"]) == ["c"]
 
 
 # -- direct construction --------------------------------------------------------------------------------
@@ -469,3 +467,42 @@ def test_a_metrics_port_or_range_is_read(value, port, ports):
     assert config.metrics_port == port
     assert config.metrics_ports == ports
     assert from_celery_conf({}).metrics_ports is None
+
+
+# -- a Celery namespace (Django's config_from_object(..., namespace="CELERY")) ---------------------------------
+
+
+def _namespaced_app(**settings: Any) -> Celery:
+    app = Celery("namespaced", set_as_current=False)
+    app.config_from_object(SimpleNamespace(CELERY_BROKER_URL="memory://", **settings), namespace="CELERY")
+    return app
+
+
+def test_settings_under_a_namespace_are_read():
+    config = from_celery_conf(_namespaced_app(CELERY_DURABLE_MAX_IN_FLIGHT=3).conf)
+    assert config.max_in_flight == 3
+
+
+@pytest.mark.parametrize("key", ["CELERY_DURABLE_MAX_INFLIGHT", "CELERY_Durable_max_in_flight",
+                                 "CELERY_durable_max_in_flight"])
+def test_a_misspelt_setting_under_a_namespace_is_refused_as_written(key):
+    # Celery looks a namespaced setting up in the prefix's case only: the last two would be ignored too.
+    with pytest.raises(ConfigInvalid) as caught:
+        from_celery_conf(_namespaced_app(**{key: 4}).conf)
+    assert caught.value.setting == key
+    assert "is not a celery_durable setting" in str(caught.value)
+
+
+def test_other_settings_under_a_namespace_are_not_ours_to_check():
+    from_celery_conf(_namespaced_app(CELERY_TASK_ACKS_LATE=True, DURABLE_THING=1, CELERY_DURABLEX=2).conf)
+
+
+# -- overrides (the worker's command-line options) -----------------------------------------------------------
+
+
+def test_an_override_replaces_the_setting_and_is_checked_like_it():
+    conf = {"durable_max_in_flight": 4, "durable_queue_concurrency": {"a": 1}}
+    config = from_celery_conf(conf, {"durable_queue_concurrency": {"b": 2}})
+    assert (config.max_in_flight, config.queue_slots) == (4, {"b": 2})
+    with pytest.raises(ConfigInvalid, match="durable_max_in_flight must be a whole number >= 1, got 0"):
+        from_celery_conf(conf, {"durable_max_in_flight": 0})

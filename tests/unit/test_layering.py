@@ -17,7 +17,7 @@ LAYERS: list[set[str]] = [
     {"metrics"},                                  # the registry and every metric
     {"leases", "tasks", "outbox"},                # capabilities
     {"worker"},                                   # the -P durable pool, wiring the capabilities
-    {"cli", "__init__"},                          # the public surface
+    {"cli", "__init__", "testing"},               # the public surface (testing: the pytest plugin)
 ]
 #: Pure layers import nothing of celery_durable but errors.
 PURE = {"planning": {"errors"}, "compat": {"errors"}, "errors": set(), "faults": set()}

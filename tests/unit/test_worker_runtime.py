@@ -611,6 +611,8 @@ def test_stats_report_the_claim_state(connection, make_worker):
         "queue_slots": {a: 1, b: 8},
         "claim_passes": 1,
         "claim_round_trips": 3,  # one basic_get per message on the memory transport
+        "claimed_by_passes": 3,
+        "claimed_by_idle_wait": 0,
     }
 
 
@@ -644,3 +646,50 @@ def test_an_added_queue_raises_a_capacity_its_slots_bounded(connection, make_wor
     assert worker.runtime.capacity() == 2
     assert worker.timeline[-1] == ("claimed", task_id)
     assert worker.runtime.in_flight() == 2
+
+
+def test_a_pool_shrunk_below_the_runs_held_claims_nothing_until_it_grows_again(connection, make_worker):
+    [a] = names("a")
+    ids = [publish(connection, a) for _ in range(4)]
+    worker = make_worker([a], pool_limit=3)
+    assert worker.runtime.in_flight() == 3
+
+    worker.runtime.pool_resized(2)   # celery control pool_shrink: one process went
+    worker.run_scheduled()
+    assert (worker.runtime.capacity(), worker.runtime.stats()["pool_size"]) == (2, 2)
+    worker.runtime.run_finished(worker.request(ids[0]))
+    worker.run_scheduled()
+    # Two held is the new capacity: the fourth stays in the broker, not behind them.
+    assert worker.runtime.in_flight() == 2
+    assert [task for event, task in worker.timeline if event == "claimed"] == ids[:3]
+
+    worker.runtime.pool_resized(4)   # pool_grow
+    worker.run_scheduled()
+    assert worker.timeline[-1] == ("claimed", ids[3])
+    assert (worker.runtime.capacity(), worker.runtime.in_flight()) == (4, 3)
+
+
+def test_a_pool_shrunk_to_no_process_claims_nothing(connection, make_worker):
+    [a] = names("a")
+    worker = make_worker([a], pool_limit=2)
+    worker.runtime.pool_resized(0)
+    publish(connection, a)
+    worker.claim_pass()
+    assert worker.runtime.capacity() == 0
+    assert worker.timeline == []
+
+
+def test_a_cancelled_queue_leaves_the_idle_wait_before_anything_else_runs(connection, make_worker):
+    a, b = names("a", "b")
+    worker = make_worker([a, b])
+    assert worker.idle_wait_queues() == {a, b}
+    # As Celery's consume_from loses the queue before the consumer's cancel_task_queue tells the runtime.
+    worker.queues[:] = [q for q in worker.queues if q.name != a]
+
+    worker.runtime.queue_cancelled(a)
+    # The wait on a is gone at once, not at the next pass: a message sent after the reply stays put.
+    assert worker.idle_wait_queues() == set()
+    publish(connection, a)
+    worker.run_scheduled()
+    assert worker.idle_wait_queues() == {b}
+    assert worker.timeline == []

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from celery_durable.compat.kombu_publish import producer_batch_seam_free, producer_publishes_to
+from celery_durable.planning.checkpoints import from_json
 from celery_durable.store.outbox import OutboxRow
 
 #: Kombu's own retry inside one publish: enough to ride over a stale pooled
@@ -83,7 +84,7 @@ class RowSender:
 
     def _send(self, row: OutboxRow, *, retry: bool, declare: str | None) -> None:
         amqp = self.app.amqp
-        args, kwargs = json.loads(row.args), json.loads(row.kwargs)
+        args, kwargs = from_json(row.args), from_json(row.kwargs)
         options: dict[str, Any] = json.loads(row.options)
         # The rest of a chain (frozen at enqueue): the body embed's ``chain``, as chain.apply_async sends it.
         chain = options.pop("chain", None)
