@@ -26,7 +26,8 @@ class Drain:
     joins the pool; joining waits for every run with no bound. ``start()``
     runs beside that join: once ``durable_drain_timeout`` passes, each run
     still held goes back to the broker with its attempt unburned and its
-    child process is killed so the join returns.
+    child process is killed so the join returns. Runs the pool never got
+    (waiting for their ETA or a slot) go back as soon as the pool has no run left.
     """
 
     def __init__(self, held: HeldRuns, config: DurableConfig, republish_connection: Callable[[], Any],
@@ -53,11 +54,21 @@ class Drain:
         held = self._held
         deadline = self._clock() + self._config.drain_timeout
         logger.info("durable.drain.started held=%s", held.held())
-        while held.held() and self._clock() < deadline:
+        # Only runs the pool has can still finish: the consumer (and with it
+        # Celery's ETA timer) stopped before the pool, so a run waiting for its
+        # ETA or for a slot will never reach the pool. Waiting for one would
+        # hold every shutdown to the deadline (30 s by default) for nothing.
+        while self._pool_has_runs() and self._clock() < deadline:
             threading.Event().wait(_POLL_SECONDS)
         left = held.snapshot()
         if not left:
             logger.info("durable.drain.finished")
+            return
+        if not self._pool_has_runs():
+            logger.info("durable.drain.not_started handing back=%s: runs that never reached the pool "
+                        "(waiting for their ETA or a slot) go back at once", len(left))
+            for run in left:
+                self._hand_back(run)
             return
         if self._config.execution == "threads":
             # A thread cannot be stopped: handing back a run that is running
@@ -73,6 +84,9 @@ class Drain:
         logger.warning("durable.drain.deadline handing back=%s to the broker", len(left))
         for run in left:
             self._hand_back(run)
+
+    def _pool_has_runs(self) -> bool:
+        return any(run.in_pool for run in self._held.snapshot())
 
     def _hand_back(self, run: HeldRun) -> None:
         run.handed_back = True

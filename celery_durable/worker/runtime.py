@@ -136,6 +136,8 @@ class WorkerRuntime:
     # -- ETA runs: counted while they wait, given a slot when due -----------------------
     def when_admitted(self, request: Any, go: Callable[[], None]) -> None:
         """Start ``request`` (``go``) when it fits; called when its ETA passes."""
+        if self._handed_back(request):
+            return
         if not self._due and self.held.try_admit(request.message):
             go()
         else:
@@ -149,10 +151,17 @@ class WorkerRuntime:
         """Start the due runs that now fit, in the order they fell due (before any new claim)."""
         for _ in range(len(self._due)):
             request, go = self._due.popleft()
+            if self._handed_back(request):
+                continue
             if self.held.try_admit(request.message):
                 go()
             else:
                 self._due.append((request, go))
+
+    def _handed_back(self, request: Any) -> bool:
+        """The drain gave the message back to the broker: starting the run here would run it twice."""
+        run = self.held.find(request.message)
+        return run is not None and run.handed_back
 
     # -- counting: what the strategy, the pool and the revoke signal tell -----------------
     def request_made(self, request: Any) -> None:

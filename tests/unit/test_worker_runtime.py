@@ -693,3 +693,33 @@ def test_a_cancelled_queue_leaves_the_idle_wait_before_anything_else_runs(connec
     worker.run_scheduled()
     assert worker.idle_wait_queues() == {b}
     assert worker.timeline == []
+
+
+def test_the_drain_hands_back_runs_the_pool_never_got_as_soon_as_the_pool_has_none_left(connection, make_worker):
+    # Before: a run holding a slot but never handed to the pool (waiting for a rate-limit token, or
+    # due and waiting for a slot) held every warm shutdown to the deadline (30 s by default): the
+    # consumer and Celery's timers stop before the pool, so it could never start.
+    [q] = names("q")
+    eta = publish(connection, q, "eta")
+    clock = FakeClock()
+    worker = make_worker([q], pool_limit=2, config=DurableConfig(drain_timeout=30), clock=clock)
+    running, waiting_for_token = publish(connection, q), publish(connection, q)
+    worker.claim_pass()
+    runtime = worker.runtime
+    runtime.run_pooled(worker.request(running))
+    assert (runtime.in_flight(), runtime.stats()["scheduled"]) == (2, 1)
+    started: list[str] = []
+
+    runtime.drain.start()
+    assert runtime.drain.handed_back == []  # the pooled run may still finish: the drain waits for it
+    runtime.run_finished(worker.request(running))
+    wait_for(lambda: len(runtime.drain.handed_back) == 2)
+    runtime.drain.join()
+
+    assert clock.now == 0.0  # long before the deadline
+    assert sorted(run.message.headers["id"] for run in runtime.drain.handed_back) == sorted([eta, waiting_for_token])
+    assert sorted(message.headers["id"] for message in take_all(connection, q)) == sorted([eta, waiting_for_token])
+    # A late ETA callback for a handed-back run does not start it beside its requeued copy.
+    runtime.when_admitted(worker.request(eta), lambda: started.append(eta))
+    runtime.admit_due()
+    assert started == []
