@@ -11,6 +11,7 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 from celery_durable.config import from_celery_conf
 from celery_durable.errors import ConfigInvalid
 from celery_durable.worker.boot import register
+from celery_durable.worker.cli_options import naming_the_option
 
 # Imported through the ``celery.commands`` entry point before Celery parses
 # ``-P``: registering here makes ``-P durable`` work for an app module that
@@ -56,6 +57,10 @@ def migrate_store(ctx: click.Context) -> None:
         click.echo(f"durable store migrated: {before or 'empty'} -> {after}")
 
 
+#: The settings ``durable relay``'s options override.
+_RELAY_FLAGS = {"durable_relay_batch_size": "--batch-size", "durable_relay_poll_interval": "--poll-interval"}
+
+
 @durable.command(cls=CeleryCommand, name="relay")
 @click.option("--batch-size", type=int, default=None, help="rows per publish batch (durable_relay_batch_size)")
 @click.option("--poll-interval", type=float, default=None,
@@ -73,17 +78,16 @@ def relay(ctx: click.Context, batch_size: int | None, poll_interval: float | Non
 
     app = ctx.obj.app
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s] %(name)s: %(message)s")
-    options = {"durable_relay_batch_size": ("--batch-size", batch_size),
-               "durable_relay_poll_interval": ("--poll-interval", poll_interval)}
-    overrides = {setting: value for setting, (_, value) in options.items() if value is not None}
+    given = {"durable_relay_batch_size": batch_size, "durable_relay_poll_interval": poll_interval}
+    overrides = {setting: value for setting, value in given.items() if value is not None}
     try:
         config = from_celery_conf(app.conf, overrides)
         if config.metrics_port is not None:
             serve(config.metrics_host, config.metrics_port)
     except ConfigInvalid as err:
         # An option given is named, not the setting it overrides: the option is what to fix.
-        named = f"{options[err.setting][0]} {err.problem}" if err.setting in overrides else str(err)
-        raise click.ClickException(named) from None
+        named = naming_the_option(err, overrides, _RELAY_FLAGS)
+        raise click.ClickException(str(named)) from None
     runner = Relay(app, batch_size=config.relay_batch_size, poll_interval=config.relay_poll_interval,
                    retention=config.outbox_retention, faults=faults.of(app))
     for signum in (signal.SIGTERM, signal.SIGINT):

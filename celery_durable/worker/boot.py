@@ -88,7 +88,7 @@ def _remember_command_line(sender: Any = None, instance: Any = None, conf: Any =
         overrides = cli_options.overrides(options)
     except ConfigInvalid as err:
         # Refused at worker_init with the settings, in the same one line.
-        refused = cli_options.naming_the_option(err, {err.setting or "": None})
+        refused = cli_options.naming_the_option(err, cli_options.WORKER_FLAGS)
     _command_lines[instance] = CommandLine(
         concurrency_given=bool(options.get("concurrency") or (conf or {}).get("worker_concurrency")),
         autoscale=bool(options.get("autoscale")),

@@ -134,7 +134,7 @@ class Claimer:
         self._idle_channels.close()
 
     def queues_changed(self) -> None:
-        """A queue was cancelled (or added): the idle wait must not go on consuming what it was armed on.
+        """A queue was cancelled: the idle wait must not go on consuming what it was armed on.
 
         Called on the loop thread (remote control runs there), before the
         command replies: a message sent to a cancelled queue after the reply

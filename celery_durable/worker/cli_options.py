@@ -12,7 +12,7 @@ themselves, naming the option when one is refused.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,22 +24,13 @@ class WorkerOption:
     flag: str
     setting: str
     help: str
+    #: The option's text read as the type its setting takes.
+    read: Callable[[str], Any]
 
     @property
     def keyword(self) -> str:
         """The name click gives the value (``--max-in-flight`` -> ``max_in_flight``)."""
         return self.flag.lstrip("-").replace("-", "_")
-
-
-OPTIONS = (
-    WorkerOption("--max-in-flight", "durable_max_in_flight", "most runs this worker holds at once"),
-    WorkerOption("--queue-concurrency", "durable_queue_concurrency",
-                 "slots per queue: N for every queue, or reports=2,emails=4"),
-    WorkerOption("--drain-timeout", "durable_drain_timeout",
-                 "seconds a warm shutdown lets runs finish before handing them back"),
-    WorkerOption("--metrics-port", "durable_metrics_port",
-                 "port of the Prometheus endpoint, or a range (9100-9109) to take a free one of"),
-)
 
 
 def add_worker_options(app: Any) -> None:
@@ -61,26 +52,25 @@ def overrides(given: Mapping[str, Any]) -> dict[str, Any]:
     its setting takes when it reads as one; otherwise it is kept as written,
     and the setting's own check refuses it, naming it.
     """
-    read = {
-        "durable_max_in_flight": _number,
-        "durable_queue_concurrency": _queue_slots,
-        "durable_drain_timeout": _number,
-        "durable_metrics_port": _number,
-    }
     found: dict[str, Any] = {}
     for option in OPTIONS:
         value = given.get(option.keyword)
         if value is not None:
-            found[option.setting] = read[option.setting](value) if isinstance(value, str) else value
+            found[option.setting] = option.read(value) if isinstance(value, str) else value
     return found
 
 
-def naming_the_option(err: ConfigInvalid, overridden: Mapping[str, Any]) -> ConfigInvalid:
-    """``err`` about a setting the command line gave: the same refusal, naming the option instead."""
+def naming_the_option(err: ConfigInvalid, overridden: Mapping[str, Any],
+                      flags: Mapping[str, str] | None = None) -> ConfigInvalid:
+    """``err`` about a setting the command line gave: the same refusal, naming the option instead.
+
+    ``overridden`` holds the settings the command line gave; ``flags`` names
+    each setting's option (default: the worker's).
+    """
     setting = err.setting or ""
-    for option in OPTIONS:
-        if option.setting in overridden and setting.startswith(option.setting):
-            return ConfigInvalid(option.flag + setting[len(option.setting):], err.problem)
+    for name, flag in (WORKER_FLAGS if flags is None else flags).items():
+        if name in overridden and setting.startswith(name):
+            return ConfigInvalid(flag + setting[len(name):], err.problem)
     return err
 
 
@@ -112,3 +102,16 @@ def _queue_slots(text: str) -> Any:
             raise refused
         slots[pair[1]] = _number(pair[2])
     return slots
+
+
+OPTIONS = (
+    WorkerOption("--max-in-flight", "durable_max_in_flight", "most runs this worker holds at once", _number),
+    WorkerOption("--queue-concurrency", "durable_queue_concurrency",
+                 "slots per queue: N for every queue, or reports=2,emails=4", _queue_slots),
+    WorkerOption("--drain-timeout", "durable_drain_timeout",
+                 "seconds a warm shutdown lets runs finish before handing them back", _number),
+    WorkerOption("--metrics-port", "durable_metrics_port",
+                 "port of the Prometheus endpoint, or a range (9100-9109) to take a free one of", _number),
+)
+#: Each setting a worker option overrides, and the option.
+WORKER_FLAGS = {option.setting: option.flag for option in OPTIONS}
