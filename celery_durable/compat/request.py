@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from celery.worker.request import Request
@@ -45,3 +46,23 @@ def request_of_callback(callback: Any) -> Any:
     ``on_failure`` as the pool's ``callback``/``error_callback`` (celery 4–5.7).
     """
     return getattr(callback, "__self__", None)
+
+
+def eta_ahead(message: Any) -> bool:
+    """True if ``message`` (task protocol 2) carries an ETA/countdown still in the future.
+
+    Such a run takes its fleet-limit leases when it falls due, not when it is
+    claimed: hours of countdown must not hold a lease.
+    """
+    eta = (message.headers or {}).get("eta")
+    if not eta:
+        return False
+    try:
+        when = datetime.fromisoformat(eta) if isinstance(eta, str) else eta
+    except ValueError:
+        return False  # Celery's strategy rejects it; nothing to wait for
+    if not isinstance(when, datetime):
+        return False
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when > datetime.now(timezone.utc)

@@ -1,4 +1,4 @@
-"""The heartbeat of the run leases this process holds: one thread renews them all, one statement per store."""
+"""The heartbeat of the leases this process holds — run leases and fleet-limit leases — from one thread."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 import uuid
 from time import monotonic
 
-from celery_durable.store import runs
+from celery_durable.store import limits, runs
 from celery_durable.store.engine import autocommit, engine_for, unavailable_as_error
 from celery_durable.tasks import store_outage as outage
 
@@ -33,16 +33,36 @@ class LeaseKeeper:
 
     def __init__(self) -> None:
         self._held: dict[str, dict[str, tuple[str, float]]] = {}  # url -> run id -> (token, ttl)
+        #: Fleet-limit leases: url -> holder (a worker process's token) -> ttl. One
+        #: statement renews every limit lease a holder has, however many.
+        self._limit_holders: dict[str, dict[str, float]] = {}
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
     def hold(self, url: str, run_id: str, token: str, ttl: float) -> None:
         with self._cond:
             self._held.setdefault(url, {})[run_id] = (token, ttl)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="durable-lease-keeper", daemon=True)
-                self._thread.start()
-            self._cond.notify()
+            self._start()
+
+    def hold_limits(self, url: str, holder: str, ttl: float) -> None:
+        """Renew every fleet-limit lease ``holder`` takes in ``url``'s store until :meth:`release_limits`."""
+        with self._cond:
+            self._limit_holders.setdefault(url, {})[holder] = ttl
+            self._start()
+
+    def release_limits(self, url: str, holder: str) -> None:
+        with self._cond:
+            holders = self._limit_holders.get(url)
+            if holders is not None:
+                holders.pop(holder, None)
+                if not holders:
+                    del self._limit_holders[url]
+
+    def _start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="durable-lease-keeper", daemon=True)
+            self._thread.start()
+        self._cond.notify()
 
     def release(self, url: str, run_id: str) -> None:
         with self._cond:
@@ -59,6 +79,7 @@ class LeaseKeeper:
 
     def _interval(self) -> float | None:
         ttls = [ttl for leases in self._held.values() for _, ttl in leases.values()]
+        ttls += [ttl for holders in self._limit_holders.values() for ttl in holders.values()]
         return min(ttls) / 3.0 if ttls else None
 
     def _run(self) -> None:
@@ -80,8 +101,11 @@ class LeaseKeeper:
                     continue
                 next_due = at + interval
                 snapshot = {url: dict(leases) for url, leases in self._held.items()}
+                limit_snapshot = {url: dict(holders) for url, holders in self._limit_holders.items()}
             for url, leases in snapshot.items():
                 self._renew(url, leases)
+            for url, holders in limit_snapshot.items():
+                self._renew_limits(url, holders)
 
     def _renew(self, url: str, leases: dict[str, tuple[str, float]]) -> None:
         tokens = {run_id: token for run_id, (token, _) in leases.items()}
@@ -109,6 +133,15 @@ class LeaseKeeper:
             logger.warning("durable.lease.lost id=%s: another attempt holds the run now; this attempt's "
                            "outcome will not be recorded", run_id,
                            extra={"event": "durable.lease.lost", "run_id": run_id})
+
+
+    def _renew_limits(self, url: str, holders: dict[str, float]) -> None:
+        try:
+            with unavailable_as_error(url), autocommit(engine_for(url)).connect() as conn:
+                for holder, ttl in holders.items():
+                    limits.renew(conn, holder, ttl, runs.now())
+        except Exception as err:  # noqa: BLE001 - the next beat tries again; a lease outlives a few missed beats
+            logger.warning("durable.limit.renew_failed error=%s", err)
 
 
 _keeper = LeaseKeeper()

@@ -1,4 +1,4 @@
-"""Relay wake-ups: PostgreSQL LISTEN on the outbox channel plus a self-pipe, or the pipe alone (SQLite)."""
+"""Wake-ups: PostgreSQL LISTEN on a channel (the outbox's by default) plus a self-pipe, or the pipe alone (SQLite)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ class Waker:
     to the timeout (polling) and it is reopened on the next wait.
     """
 
-    def __init__(self, engine: Engine | None) -> None:
+    def __init__(self, engine: Engine | None, channel: str = CHANNEL) -> None:
+        self._channel = channel
         self._engine = engine if engine is not None and engine.dialect.name == "postgresql" else None
         self._listener: Any = None
         self._read_fd, self._write_fd = os.pipe()
@@ -43,7 +44,7 @@ class Waker:
             # DB-API cursors are not context managers (psycopg2's happens to be one).
             cursor = conn.cursor()
             try:
-                cursor.execute(f"LISTEN {CHANNEL}")
+                cursor.execute(f"LISTEN {self._channel}")
             finally:
                 cursor.close()
             self._listener = conn

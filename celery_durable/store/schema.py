@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 #: The Alembic revision the code reads and writes; a database behind it must be migrated.
-HEAD_REVISION = "0003_run_leases"
+HEAD_REVISION = "0004_fleet_limits"
 
 #: The databases the store's SQL is written for (SQLAlchemy backend names; any driver of them).
 SUPPORTED_BACKENDS = ("postgresql", "sqlite")
@@ -82,4 +82,57 @@ outbox = sa.Table(
     sa.Column("last_error", sa.Text, nullable=True),
     # The relay's scan: unpublished rows in id order (published ones are only swept by age).
     sa.Index("ix_durable_outbox_pending", "published_at", "id"),
+)
+
+# Fleet limits (celery_durable.store.limits). A lease row is one run inside one
+# scope: (task, "task", "") for durable_concurrency, (task, "key", key) for a
+# key limit, (task, "rate", "") for a rate turn booked by a waiting message.
+limit_leases = sa.Table(
+    "durable_limit_leases",
+    metadata,
+    sa.Column("task_name", sa.String(255), primary_key=True),
+    sa.Column("kind", sa.String(8), primary_key=True),
+    sa.Column("key", sa.String(200), primary_key=True),
+    sa.Column("task_id", sa.String(255), primary_key=True),
+    # The worker process holding it (renewed by its heartbeat); NULL: booked
+    # for a waiting message that was made ready and is on its way back.
+    sa.Column("holder", sa.String(64), nullable=True),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ix_durable_limit_leases_holder", "holder"),
+)
+
+# Messages waiting for a limit, kept whole (body, headers, properties) so the
+# copy published when its turn comes is the message that arrived: same id,
+# same retries, same callbacks.
+limit_waiting = sa.Table(
+    "durable_limit_waiting",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("task_name", sa.String(255), nullable=False),
+    sa.Column("kind", sa.String(8), nullable=False),
+    sa.Column("key", sa.String(200), nullable=False),
+    sa.Column("task_id", sa.String(255), nullable=False, unique=True),
+    sa.Column("queue", sa.String(255), nullable=False),
+    sa.Column("exchange", sa.String(255), nullable=False),
+    sa.Column("routing_key", sa.String(255), nullable=False),
+    sa.Column("body", sa.LargeBinary, nullable=False),
+    # JSON text (kombu's typed JSON), as the broker delivered them.
+    sa.Column("headers", sa.Text, nullable=False),
+    sa.Column("properties", sa.Text, nullable=False),
+    sa.Column("content_type", sa.String(128), nullable=False),
+    sa.Column("content_encoding", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    # NULL: waiting for a lease in its scope. Set: to be published at that time
+    # (its lease or rate turn is booked).
+    sa.Column("publish_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Index("ix_durable_limit_waiting_scope", "task_name", "kind", "key", "id"),
+    sa.Index("ix_durable_limit_waiting_publish_at", "publish_at"),
+)
+
+# The fleet rate limit's state: per task, the theoretical arrival time of its next run (GCRA).
+rate_limits = sa.Table(
+    "durable_rate_limits",
+    metadata,
+    sa.Column("task_name", sa.String(255), primary_key=True),
+    sa.Column("tat", sa.DateTime(timezone=True), nullable=False),
 )

@@ -16,6 +16,8 @@ from celery_durable.compat.pool_alias import register_pool_alias
 from celery_durable.config import DurableConfig, from_celery_conf
 from celery_durable.errors import ConfigInvalid, HostIncompatible
 from celery_durable.metrics import count_files
+from celery_durable.planning import limit_declarations as declarations
+from celery_durable.planning.limit_declarations import LimitInvalid, TaskLimits
 from celery_durable.worker import cli_options
 
 logger = logging.getLogger(__name__)
@@ -45,11 +47,17 @@ class CommandLine:
 # on Celery's WorkController (which Celery does not promise to leave alone).
 _command_lines: weakref.WeakKeyDictionary[Any, CommandLine] = weakref.WeakKeyDictionary()
 _configs: weakref.WeakKeyDictionary[Any, DurableConfig] = weakref.WeakKeyDictionary()
+_limits: weakref.WeakKeyDictionary[Any, dict[str, TaskLimits]] = weakref.WeakKeyDictionary()
 
 
 def config_for(worker: Any) -> DurableConfig:
     """The validated config of a ``-P durable`` worker (its WorkController), set at ``worker_init``."""
     return _configs[worker]
+
+
+def limits_for(worker: Any) -> dict[str, TaskLimits]:
+    """The fleet limits the tasks of a ``-P durable`` worker declare, read and checked at ``worker_init``."""
+    return _limits.get(worker, {})
 
 
 def register() -> None:
@@ -99,7 +107,10 @@ def _remember_command_line(sender: Any = None, instance: Any = None, conf: Any =
 
 def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
     worker = sender
-    if worker is None or not is_durable_pool(worker.pool_cls):
+    if worker is None:
+        return
+    if not is_durable_pool(worker.pool_cls):
+        _refuse_limits_unchecked(worker)
         return
     try:
         check_host()
@@ -114,11 +125,15 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
             # Bound here, not when the consumer starts: a port in use or a host that does
             # not resolve refuses the boot in one line like any other bad setting.
             bind(config.metrics_host, config.metrics_port)
-    except ConfigInvalid as err:
+        limits = declarations.of_app(worker.app)
+        if limits:
+            _check_store_for_limits(limits, config)
+    except (ConfigInvalid, LimitInvalid) as err:
         # One clear line, no traceback wall: the worker refuses to boot.
         logger.error("durable.config.invalid: %s", err)
         raise SystemExit(f"celery_durable: refusing to start: {err}") from None
     _configs[worker] = config
+    _limits[worker] = limits
     worker.pool_cls = THREAD_POOL_PATH if config.execution == "threads" else POOL_PATH
     if config.execution == "prefork":
         _share_counts(worker)
@@ -137,6 +152,36 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
             "the worker holds at most %s (it never buffers runs the pool cannot start)",
             config.max_in_flight, worker.concurrency, worker.concurrency,
         )
+
+
+def _refuse_limits_unchecked(worker: Any) -> None:
+    """A worker on another pool would run a limited task with no limit: it refuses to boot, naming it."""
+    try:
+        limits = declarations.of_app(worker.app)
+    except LimitInvalid as err:
+        raise SystemExit(f"celery_durable: refusing to start: {err}") from None
+    for name, task_limits in limits.items():
+        option = declarations.first_option(task_limits)
+        message = (f"task {name!r} declares {option}, which only a -P durable worker enforces; "
+                   f"this worker (-P {worker.pool_cls if isinstance(worker.pool_cls, str) else 'custom'}) "
+                   f"would run it unchecked")
+        logger.error("durable.limit.unenforced: %s", message)
+        raise SystemExit(f"celery_durable: refusing to start: {message}")
+
+
+def _check_store_for_limits(limits: dict[str, TaskLimits], config: DurableConfig) -> None:
+    from celery_durable.store.engine import ensure_schema, resolve_url, unavailable_as_error
+    from celery_durable.store.urls import shown_url
+
+    url = resolve_url(config.database_url)
+    try:
+        with unavailable_as_error(url):
+            ensure_schema(url)
+    except Exception as err:  # noqa: BLE001 - any failure to reach or migrate the store refuses, named
+        name, task_limits = next(iter(limits.items()))
+        raise LimitInvalid(f"task {name!r} declares {declarations.first_option(task_limits)}, which needs the "
+                           f"durable store, and {shown_url(url)} cannot be used: "
+                           f"{str(err).strip().splitlines()[0]}") from None
 
 
 def _share_counts(worker: Any) -> None:

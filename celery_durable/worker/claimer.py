@@ -10,16 +10,21 @@ from typing import Any
 
 from kombu.messaging import Consumer as KombuConsumer
 
-from celery_durable.compat.request import waits_for_eta
+from celery_durable.compat.request import eta_ahead, waits_for_eta
 from celery_durable.compat.transport_guards import guard_channel
 from celery_durable.errors import InvariantBroken
 from celery_durable.planning.claim_sweep import Sweep, begin_sweep, next_ask, record, skip_to, waitable_queues
+from celery_durable.planning.limits import WAIT
 from celery_durable.planning.ready_counts import ReadyCounts
 from celery_durable.worker.fetchers import Fetcher, PassFetcher, ProbingFetcher, fetcher_for
+from celery_durable.worker.limit_gate import Admission, LimitGate
 from celery_durable.worker.parking import POISON_POLICY, Parker, parker_for, undecodable
 from celery_durable.worker.process_cap import HeldRun, HeldRuns
 
 logger = logging.getLogger(__name__)
+
+#: Seconds claiming pauses after the store could not answer the fleet-limit gate.
+STORE_PAUSE = 1.0
 
 
 class IdleChannels:
@@ -74,8 +79,10 @@ class Claimer:
         stop_requested: Callable[[], bool] = lambda: False,
         before_pass: Callable[[], None] = lambda: None,
         new_fetcher: Callable[[Any, Any], Fetcher] = fetcher_for,
+        gate: LimitGate | None = None,
     ) -> None:
         self._connection = connection
+        self._gate = gate
         self._queues = queues
         self.held = held
         self._accept = accept
@@ -102,6 +109,11 @@ class Claimer:
         #: Messages admitted from claim passes, and from the idle any-queue wait.
         self.claimed_by_passes = 0
         self.claimed_by_idle_wait = 0
+        #: Messages the fleet-limit gate parked, dropped or failed instead of admitting.
+        self.limited_away = 0
+        #: Set when the store could not answer the gate: no pass until then (a requeued
+        #: message would otherwise come straight back and spin while the store is down).
+        self._paused_until = 0.0
 
     # -- lifecycle -----------------------------------------------------------
     @property
@@ -161,6 +173,8 @@ class Claimer:
     def run_pass(self) -> int:
         if not self.claiming or self.handler is None or self._fetcher is None:
             return 0
+        if monotonic() < self._paused_until:
+            return 0  # the safety timer's next kick tries again
         # A wait still armed could deliver beside the pass's asks and overshoot
         # the room read below; cancelling it first may itself admit one
         # message, which is counted before the room is read.
@@ -232,11 +246,12 @@ class Claimer:
             # A message already taken from the broker is admitted even if a stop
             # came meanwhile: it is counted, and the drain hands it back.
             for message in result.messages:
-                self._admit(result.queue, message)
+                if not self._admit(result.queue, message):
+                    unreadable += 1
             unreadable += result.taken - len(result.messages)
         if unreadable:
-            # Items Python could not read were parked after they took room in the
-            # pass: another pass fills it.
+            # Items Python could not read were parked (and limited messages went to
+            # wait) after they took room in the pass: another pass fills it.
             self.kick()
         return sweep
 
@@ -259,7 +274,17 @@ class Claimer:
             # such a message, and it is gone: parked, an operator can see it.
             self._park(queue_name, message, reason)
             return False
+        grant, checked = None, False
+        if self._gate is not None and not eta_ahead(message):
+            admission = self._limit_admission(queue_name, message)
+            if admission is not None:
+                if not admission.runs:
+                    self.limited_away += 1
+                    return False
+                grant = admission.grant
+            checked = True
         run = self.held.take(queue_name, message)
+        run.limit_grant, run.limit_checked = grant, checked
         self._admitting = run
         try:
             self._handle(message)
@@ -285,6 +310,19 @@ class Claimer:
                 # Waiting for its ETA: it frees its slot until it is due.
                 self.held.schedule(message)
         return True
+
+    def _limit_admission(self, queue_name: str, message: Any) -> Admission | None:
+        if self._gate is None:
+            return None
+        try:
+            return self._gate.admit(queue_name, message)
+        except Exception as err:  # noqa: BLE001 - the store did not answer: the broker keeps the message
+            logger.warning("durable.limit.store_unavailable queue=%s error=%s: the message goes back to the "
+                           "broker; claiming pauses %.0f s", queue_name, err, STORE_PAUSE,
+                           extra={"event": "durable.limit.store_unavailable"})
+            message.reject(requeue=True)
+            self._paused_until = monotonic() + STORE_PAUSE
+            return Admission(WAIT)
 
     def _park(self, queue_name: str, message: Any, reason: str) -> None:
         if self._parker is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,10 @@ class HeldRun:
     #: Waiting for its ETA/countdown: counted, but holding no slot until it
     #: is due (a durable sleep or a long countdown must not fill the worker).
     scheduled: bool = False
+    #: The fleet-limit leases the run took before it was admitted (worker/limit_gate.py), if any.
+    limit_grant: Any = None
+    #: The gate has looked at it (at claim, or when its ETA fell due): it is not asked twice.
+    limit_checked: bool = False
 
 
 class HeldRuns:
@@ -53,6 +57,8 @@ class HeldRuns:
         self._holding = 0
         self._scheduled = 0
         self._lock = threading.Lock()
+        #: Called with each run whose count was given back, outside the lock (the gate gives its leases back).
+        self.on_given_back: Callable[[HeldRun], None] | None = None
 
     def set_capacity(self, capacity: int) -> None:
         # 0 is a pool shrunk to nothing by remote control: claim nothing until it grows.
@@ -143,7 +149,9 @@ class HeldRuns:
             else:
                 self._by_queue[run.queue] -= 1
                 self._holding -= 1
-            return run
+        if self.on_given_back is not None:
+            self.on_given_back(run)
+        return run
 
     def held(self) -> int:
         """Runs holding a slot: running, or handed to the pool, or due."""

@@ -20,7 +20,8 @@ from celery_durable.planning.claim_sweep import capacity
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.drain import Drain
 from celery_durable.worker.fetchers import Fetcher, fetcher_for
-from celery_durable.worker.process_cap import HeldRuns
+from celery_durable.worker.limit_gate import LimitGate
+from celery_durable.worker.process_cap import HeldRun, HeldRuns
 from celery_durable.worker.redis_restore import RedisRestorer
 
 logger = logging.getLogger(__name__)
@@ -42,8 +43,11 @@ class WorkerRuntime:
         clock: Callable[[], float] = monotonic,
         stop_requested: Callable[[], bool] = lambda: False,
         new_fetcher: Callable[[Any, Any], Fetcher] = fetcher_for,
+        gate: LimitGate | None = None,
     ) -> None:
         self.config = config
+        #: Fleet limits (worker/limit_gate.py); None when no task this worker knows declares one.
+        self.gate = gate
         unconsumed = config.unconsumed_queues(queues)
         if unconsumed:
             # Logged here, not at worker_init: Celery sets its logging up after that signal.
@@ -54,6 +58,7 @@ class WorkerRuntime:
         self._capacity = capacity(config.max_in_flight, pool_limit, list(slots.values()))
         self.pool_limit = pool_limit
         self.held = HeldRuns(self._capacity, slots, config.max_scheduled)
+        self.held.on_given_back = self._given_back
         self.drain = Drain(self.held, config, republish_connection, clock=clock)
         self.claimer: Claimer | None = None
         #: The timers of the current claimer; the adapter puts them on Celery's hub when it has one.
@@ -104,6 +109,7 @@ class WorkerRuntime:
             stop_requested=self._stop_requested,
             before_pass=self.admit_due,
             new_fetcher=self._new_fetcher,
+            gate=self.gate,
         )
         self.claimer = claimer
         timers: list[Timer] = [(self.config.safety_interval, claimer.kick)]
@@ -136,7 +142,7 @@ class WorkerRuntime:
     # -- ETA runs: counted while they wait, given a slot when due -----------------------
     def when_admitted(self, request: Any, go: Callable[[], None]) -> None:
         """Start ``request`` (``go``) when it fits; called when its ETA passes."""
-        if self._handed_back(request):
+        if self._handed_back(request) or not self._within_limits_when_due(request):
             return
         if not self._due and self.held.try_admit(request.message):
             go()
@@ -157,6 +163,33 @@ class WorkerRuntime:
                 go()
             else:
                 self._due.append((request, go))
+
+    def _within_limits_when_due(self, request: Any) -> bool:
+        """An ETA run takes its fleet-limit leases when due; False if it was parked or dropped instead."""
+        run = self.held.find(request.message)
+        if self.gate is None or run is None or run.limit_checked:
+            return True
+        run.limit_checked = True
+        try:
+            admission = self.gate.admit(run.queue, request.message)
+        except Exception as err:  # noqa: BLE001 - the store did not answer: the broker keeps the message
+            logger.warning("durable.limit.store_unavailable id=%s error=%s: the message goes back to the broker",
+                           getattr(request, "id", None), err)
+            request.message.reject(requeue=True)
+            self.held.give_back(request.message)
+            return False
+        if admission is None:
+            return True
+        if not admission.runs:
+            self.held.give_back(request.message)
+            return False
+        run.limit_grant = admission.grant
+        return True
+
+    def _given_back(self, run: HeldRun) -> None:
+        # Every path that ends a held run comes here once: its leases go back with its count.
+        if run.limit_grant is not None and self.gate is not None:
+            self.gate.release(run.limit_grant, started=run.in_pool)
 
     def _handed_back(self, request: Any) -> bool:
         """The drain gave the message back to the broker: starting the run here would run it twice."""
@@ -263,6 +296,13 @@ class WorkerRuntime:
         if self.claimer is not None:
             self.claimer.stop()
 
+    def close_limits(self) -> None:
+        """The worker is leaving: stop publishing parked messages, give back every lease still held."""
+        if self.gate is not None:
+            if self.gate.dispatcher is not None:
+                self.gate.dispatcher.stop()
+            self.gate.close()
+
     def stats(self) -> dict[str, Any]:
         """The ``durable`` section of ``celery inspect stats``."""
         config = self.config
@@ -278,4 +318,6 @@ class WorkerRuntime:
             "claimed_by_passes": self.claimer.claimed_by_passes if self.claimer is not None else 0,
             "claimed_by_idle_wait": self.claimer.claimed_by_idle_wait if self.claimer is not None else 0,
             "claim_round_trips": self.claimer.round_trips if self.claimer is not None else 0,
+            "leases": self.gate.held() if self.gate is not None else {},
+            "limited_away": self.claimer.limited_away if self.claimer is not None else 0,
         }

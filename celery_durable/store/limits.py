@@ -1,0 +1,320 @@
+"""SQL for fleet limits: take a run's leases (or park its message), release them, hand turns to waiters.
+
+Every statement on one scope runs under that scope's lock, so two workers
+never both see the last free lease: a transaction-scoped advisory lock on
+PostgreSQL (taken in one sorted order, so two transactions cannot deadlock),
+and on SQLite the store's BEGIN IMMEDIATE, which already admits one writer.
+
+A lease is *live* until its ``expires_at``; its holder's heartbeat moves that
+on. An expired lease (its worker died) is deleted by the next statement that
+locks its scope. A waiting message is made ready in arrival order when its
+scope has room: a lease is booked for it (holder NULL) and its row is given a
+``publish_at``; a worker's limit dispatcher publishes it, and the copy that
+comes back takes the booked lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from celery_durable.planning.limit_declarations import Rate, Scope
+from celery_durable.planning.limits import DROP, RUN, WAIT, book_rate_turn, return_rate_turn
+from celery_durable.store.schema import limit_leases as leases
+from celery_durable.store.schema import limit_waiting as waiting
+from celery_durable.store.schema import rate_limits
+
+#: The PostgreSQL channel a transaction that made a waiting message ready notifies.
+CHANNEL = "durable_limits"
+
+#: The kind of a lease row that books a rate turn for a waiting message.
+RATE_KIND = "rate"
+
+
+@dataclass(frozen=True)
+class WaitingMessage:
+    """A broker message as it is kept while it waits (see ``schema.limit_waiting``)."""
+
+    task_id: str
+    queue: str
+    exchange: str
+    routing_key: str
+    body: bytes
+    headers: str
+    properties: str
+    content_type: str
+    content_encoding: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the store decided for one message."""
+
+    verdict: str
+    #: The scope that was busy (WAIT or DROP), or None (RUN, or waiting for a rate turn).
+    busy: Scope | None = None
+    #: WAIT for a rate turn: when the message will be published again.
+    publish_at: datetime | None = None
+    #: RUN: this run holds a rate turn, given back if it never starts.
+    holds_rate_turn: bool = False
+    #: Waiting messages this transaction made ready (a dispatcher should look now).
+    made_ready: int = 0
+
+
+@dataclass(frozen=True)
+class ReadyMessage:
+    """A waiting message due to be published."""
+
+    id: int
+    task_id: str
+    exchange: str
+    routing_key: str
+    body: bytes
+    headers: str
+    properties: str
+    content_type: str
+    content_encoding: str
+
+
+def take(conn: Connection, *, task: str, task_id: str, scopes: Sequence[Scope], rate: Rate | None,
+         holder: str, ttl: float, now: datetime, when_busy: str, message: WaitingMessage) -> Answer:
+    """In ``conn``'s transaction: take every lease ``task_id`` needs, or park (or drop) its message."""
+    _lock(conn, [_scope_lock(s.task, s.kind, s.key) for s in scopes]
+          + ([_scope_lock(task, RATE_KIND, "")] if rate is not None else []))
+    if conn.execute(sa.select(waiting.c.id).where(waiting.c.task_id == task_id,
+                                                  waiting.c.publish_at.is_(None))).first() is not None:
+        # A copy of a message already parked (the broker delivered it again
+        # before our ack landed): the parked one will run; this copy goes.
+        return Answer(WAIT)
+    holds_turn = False
+    if rate is not None:
+        booked = _delete_booking(conn, task, task_id, now)
+        if not booked:
+            tat = conn.execute(sa.select(rate_limits.c.tat).where(rate_limits.c.task_name == task)).scalar()
+            turn = book_rate_turn(_aware(tat), now, rate.interval, rate.burst)
+            _set_tat(conn, task, turn.tat)
+            if turn.waits(now):
+                # The turn is this message's: booked, and it comes back when it is due.
+                conn.execute(leases.insert().values(task_name=task, kind=RATE_KIND, key="", task_id=task_id,
+                                                    holder=None,
+                                                    expires_at=turn.start_at + timedelta(seconds=ttl)))
+                _park(conn, task, RATE_KIND, "", message, now, publish_at=turn.start_at)
+                return Answer(WAIT, publish_at=turn.start_at)
+        holds_turn = True
+    made_ready = 0
+    busy: Scope | None = None
+    for scope in scopes:
+        booked_here, room, ready = _room(conn, scope, task_id, ttl, now)
+        made_ready += ready
+        if not booked_here and room < 1:
+            busy = scope
+            break
+    if busy is not None:
+        if holds_turn and rate is not None:
+            _give_back_turn(conn, task, rate)
+        if when_busy == DROP:
+            return Answer(DROP, busy=busy, made_ready=made_ready)
+        _park(conn, busy.task, busy.kind, busy.key, message, now, publish_at=None)
+        return Answer(WAIT, busy=busy, made_ready=made_ready)
+    expires = now + timedelta(seconds=ttl)
+    for scope in scopes:
+        _upsert_lease(conn, scope, task_id, holder, expires)
+    if made_ready:
+        _notify(conn)
+    return Answer(RUN, holds_rate_turn=holds_turn, made_ready=made_ready)
+
+
+def release(conn: Connection, *, task: str, task_id: str, scopes: Sequence[Scope], holder: str,
+            give_back_turn: Rate | None, ttl: float, now: datetime) -> int:
+    """Drop ``task_id``'s leases (and its rate turn, if it never started); make waiters ready. Returns how many."""
+    _lock(conn, [_scope_lock(s.task, s.kind, s.key) for s in scopes]
+          + ([_scope_lock(task, RATE_KIND, "")] if give_back_turn is not None else []))
+    for scope in scopes:
+        conn.execute(leases.delete().where(*_in_scope(scope), leases.c.task_id == task_id,
+                                           leases.c.holder == holder))
+    if give_back_turn is not None:
+        _give_back_turn(conn, task, give_back_turn)
+    made_ready = sum(_room(conn, scope, None, ttl, now)[2] for scope in scopes)
+    if made_ready:
+        _notify(conn)
+    return made_ready
+
+
+def sweep(conn: Connection, limits: dict[tuple[str, str], int], ttl: float, now: datetime) -> int:
+    """Reclaim expired leases and make waiters ready where there is room; returns how many were made ready.
+
+    ``limits`` maps (task, kind) to the limit of its scopes: a scope of a task
+    this worker does not know is left to a worker that does.
+    """
+    conn.execute(leases.delete().where(leases.c.expires_at < now))
+    scopes = conn.execute(sa.select(waiting.c.task_name, waiting.c.kind, waiting.c.key)
+                          .where(waiting.c.publish_at.is_(None)).distinct()).all()
+    made_ready = 0
+    for task, kind, key in scopes:
+        limit = limits.get((task, kind))
+        if limit is None:
+            continue
+        scope = Scope(task, kind, key, limit)
+        _lock(conn, [_scope_lock(task, kind, key)])
+        made_ready += _room(conn, scope, None, ttl, now)[2]
+    if made_ready:
+        _notify(conn)
+    return made_ready
+
+
+def renew(conn: Connection, holder: str, ttl: float, now: datetime) -> int:
+    """Extend every lease ``holder`` holds by ``ttl`` from ``now``; returns how many."""
+    result = conn.execute(leases.update().where(leases.c.holder == holder)
+                          .values(expires_at=now + timedelta(seconds=ttl)))
+    return int(result.rowcount or 0)
+
+
+def release_holder(conn: Connection, holder: str) -> int:
+    """Drop every lease ``holder`` still holds (a worker on its way out); returns how many."""
+    return int(conn.execute(leases.delete().where(leases.c.holder == holder)).rowcount or 0)
+
+
+def claim_ready(conn: Connection, limit: int, now: datetime) -> list[ReadyMessage]:
+    """Lock up to ``limit`` waiting messages due now, oldest turn first (another dispatcher's are skipped)."""
+    query = (sa.select(waiting.c.id, waiting.c.task_id, waiting.c.exchange, waiting.c.routing_key,
+                       waiting.c.body, waiting.c.headers, waiting.c.properties, waiting.c.content_type,
+                       waiting.c.content_encoding)
+             .where(waiting.c.publish_at <= now).order_by(waiting.c.publish_at, waiting.c.id).limit(limit))
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    return [ReadyMessage(*row) for row in conn.execute(query)]
+
+
+def forget(conn: Connection, ids: Iterable[int]) -> None:
+    """Delete waiting messages once published."""
+    ids = list(ids)
+    if ids:
+        conn.execute(waiting.delete().where(waiting.c.id.in_(ids)))
+
+
+def next_publish_at(conn: Connection) -> datetime | None:
+    return _aware(conn.execute(sa.select(sa.func.min(waiting.c.publish_at))).scalar())
+
+
+def held(conn: Connection, now: datetime) -> list[tuple[str, str, str, int]]:
+    """Live leases per scope: (task, kind, key, count), rate bookings left out."""
+    rows = conn.execute(sa.select(leases.c.task_name, leases.c.kind, leases.c.key, sa.func.count())
+                        .where(leases.c.expires_at >= now, leases.c.kind != RATE_KIND)
+                        .group_by(leases.c.task_name, leases.c.kind, leases.c.key)).all()
+    return [(t, k, key, int(n)) for t, k, key, n in rows]
+
+
+def waiting_counts(conn: Connection) -> list[tuple[str, str, str, int]]:
+    """Messages waiting per scope: (task, kind, key, count)."""
+    rows = conn.execute(sa.select(waiting.c.task_name, waiting.c.kind, waiting.c.key, sa.func.count())
+                        .group_by(waiting.c.task_name, waiting.c.kind, waiting.c.key)).all()
+    return [(t, k, key, int(n)) for t, k, key, n in rows]
+
+
+def holders(conn: Connection, now: datetime) -> list[dict[str, Any]]:
+    """Every live lease, for the operator's view."""
+    rows = conn.execute(sa.select(leases).where(leases.c.expires_at >= now)
+                        .order_by(leases.c.task_name, leases.c.kind, leases.c.key)).mappings().all()
+    return [dict(row) for row in rows]
+
+
+# -- inside one scope's lock --------------------------------------------------------------------
+def _room(conn: Connection, scope: Scope, task_id: str | None, ttl: float, now: datetime) -> tuple[bool, int, int]:
+    """(``task_id`` has a booked lease here, leases left free once waiters got theirs, waiters made ready)."""
+    conn.execute(leases.delete().where(*_in_scope(scope), leases.c.expires_at < now))
+    live = conn.execute(sa.select(leases.c.task_id, leases.c.holder).where(*_in_scope(scope))).all()
+    booked_here = any(tid == task_id and holder is None for tid, holder in live)
+    if task_id is not None and any(tid == task_id and holder is not None for tid, holder in live):
+        # Another copy of this run holds a lease here (the broker delivered it
+        # again while the first runs, or its worker died less than a TTL ago):
+        # this copy waits for that lease rather than run beside it.
+        return False, 0, 0
+    # Every live row counts, the arriving message's own booking included: its
+    # lease is already counted, so it is not room for a waiter.
+    free = scope.limit - len(live)
+    made_ready = 0
+    if free > 0:
+        # Waiters first, in arrival order: a message arriving now queues behind them.
+        queued = conn.execute(sa.select(waiting.c.id, waiting.c.task_id)
+                              .where(waiting.c.task_name == scope.task, waiting.c.kind == scope.kind,
+                                     waiting.c.key == scope.key, waiting.c.publish_at.is_(None))
+                              .order_by(waiting.c.id).limit(free)).all()
+        expires = now + timedelta(seconds=ttl)
+        for row_id, waiter in queued:
+            conn.execute(leases.insert().values(task_name=scope.task, kind=scope.kind, key=scope.key,
+                                                task_id=waiter, holder=None, expires_at=expires))
+            conn.execute(waiting.update().where(waiting.c.id == row_id).values(publish_at=now))
+        made_ready = len(queued)
+        free -= made_ready
+    return booked_here, free, made_ready
+
+
+def _upsert_lease(conn: Connection, scope: Scope, task_id: str, holder: str, expires: datetime) -> None:
+    updated = conn.execute(leases.update().where(*_in_scope(scope), leases.c.task_id == task_id)
+                           .values(holder=holder, expires_at=expires))
+    if not updated.rowcount:
+        conn.execute(leases.insert().values(task_name=scope.task, kind=scope.kind, key=scope.key,
+                                            task_id=task_id, holder=holder, expires_at=expires))
+
+
+def _park(conn: Connection, task: str, kind: str, key: str, message: WaitingMessage, now: datetime,
+          publish_at: datetime | None) -> None:
+    values = dict(task_name=task, kind=kind, key=key, task_id=message.task_id, queue=message.queue,
+                  exchange=message.exchange, routing_key=message.routing_key, body=message.body,
+                  headers=message.headers, properties=message.properties, content_type=message.content_type,
+                  content_encoding=message.content_encoding, created_at=now, publish_at=publish_at)
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+    # A row for this id already on its way out (made ready, not yet published) carries the message.
+    conn.execute(insert(waiting).values(**values).on_conflict_do_nothing(index_elements=["task_id"]))
+
+
+def _delete_booking(conn: Connection, task: str, task_id: str, now: datetime) -> bool:
+    result = conn.execute(leases.delete().where(leases.c.task_name == task, leases.c.kind == RATE_KIND,
+                                                leases.c.key == "", leases.c.task_id == task_id))
+    return bool(result.rowcount)
+
+
+def _give_back_turn(conn: Connection, task: str, rate: Rate) -> None:
+    tat = _aware(conn.execute(sa.select(rate_limits.c.tat).where(rate_limits.c.task_name == task)).scalar())
+    if tat is not None:
+        _set_tat(conn, task, return_rate_turn(tat, rate.interval))
+
+
+def _set_tat(conn: Connection, task: str, tat: datetime) -> None:
+    if not conn.execute(rate_limits.update().where(rate_limits.c.task_name == task).values(tat=tat)).rowcount:
+        conn.execute(rate_limits.insert().values(task_name=task, tat=tat))
+
+
+def _in_scope(scope: Scope) -> tuple[Any, ...]:
+    return (leases.c.task_name == scope.task, leases.c.kind == scope.kind, leases.c.key == scope.key)
+
+
+def _scope_lock(task: str, kind: str, key: str) -> str:
+    return f"durable_limit\x1f{task}\x1f{kind}\x1f{key}"
+
+
+def _lock(conn: Connection, names: list[str]) -> None:
+    if conn.dialect.name != "postgresql":
+        return  # SQLite: BEGIN IMMEDIATE holds the only write lock
+    for name in sorted(set(names)):
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))"), {"name": name})
+
+
+def _notify(conn: Connection) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
+
+
+def _aware(value: Any) -> datetime | None:
+    # SQLite hands back naive datetimes for what was stored as UTC.
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value if isinstance(value, datetime) else None

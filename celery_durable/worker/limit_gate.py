@@ -1,0 +1,306 @@
+"""The fleet-limit gate: a claimed message of a limited task takes its leases before it takes a slot.
+
+Called by the claimer for each message it is about to admit (and for an
+ETA message when it falls due). A message of a task with no declared limit
+costs a dict lookup. For a limited one the store answers in one transaction
+(``store.limits.take``): every lease taken (the run goes on to Celery, holding
+them until its count is given back), or a scope busy (the message is parked
+whole in the store and acked, or acked and dropped), or a rate turn later
+than now (parked until then). A parked message holds no slot, burns no
+attempt and costs no broker traffic while it waits; :class:`LimitDispatcher`
+publishes it again, unchanged, when its turn comes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kombu.utils import json as kombu_json
+
+from celery_durable.leases.keeper import keeper, new_token
+from celery_durable.metrics import jobs
+from celery_durable.planning.limit_declarations import KeyFunctionFailed, Scope, TaskLimits
+from celery_durable.planning.limits import DROP, FAIL, RUN, WAIT
+from celery_durable.store import limits as store
+from celery_durable.store.engine import engine_for, ensure_schema, unavailable_as_error
+from celery_durable.store.notify import Waker
+from celery_durable.store.runs import now as utc_now
+
+logger = logging.getLogger("celery_durable.limits")
+
+#: Message properties a parked message keeps (the rest are the broker's, per delivery).
+_KEPT_PROPERTIES = ("priority", "correlation_id", "reply_to", "delivery_mode")
+
+
+@dataclass
+class Grant:
+    """The leases one admitted run holds, given back when its count is."""
+
+    task: str
+    task_id: str
+    scopes: tuple[Scope, ...]
+    limits: TaskLimits
+    holds_rate_turn: bool
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The gate's answer for one message: RUN (with its grant) or settled here (WAIT, DROP, FAIL)."""
+
+    verdict: str
+    grant: Grant | None = None
+
+    @property
+    def runs(self) -> bool:
+        return self.verdict == RUN
+
+
+class LimitGate:
+    """Takes and gives back the fleet-limit leases of one worker's runs."""
+
+    def __init__(self, app: Any, limits: Mapping[str, TaskLimits], *, url: str, lease_ttl: float,
+                 clock: Callable[[], datetime] = utc_now) -> None:
+        self.app = app
+        self.limits = dict(limits)
+        self.url = url
+        self.lease_ttl = lease_ttl
+        #: This worker process: every lease it takes names it, so one statement renews them all.
+        self.holder = new_token()
+        self._clock = clock
+        self._grants: dict[str, Grant] = {}
+        self._lock = threading.Lock()
+        self.dispatcher: LimitDispatcher | None = None
+        self.waited = 0
+        self.dropped = 0
+        ensure_schema(url)
+        keeper().hold_limits(url, self.holder, lease_ttl)
+
+    # -- admission -----------------------------------------------------------------------
+    def admit(self, queue: str, message: Any) -> Admission | None:
+        """None when ``message``'s task declares no limit; else what the store decided, already acted on."""
+        headers = message.headers or {}
+        limits = self.limits.get(str(headers.get("task")))
+        if limits is None:
+            return None
+        task_id = str(headers.get("id"))
+        args, kwargs = _arguments(message)
+        try:
+            scopes = limits.scopes(args, kwargs)
+        except KeyFunctionFailed as err:
+            self._fail(limits.task, task_id, queue, message, err)
+            return Admission(FAIL)
+        with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
+            answer = store.take(conn, task=limits.task, task_id=task_id, scopes=scopes, rate=limits.rate,
+                                holder=self.holder, ttl=self.lease_ttl, now=self._clock(),
+                                when_busy=limits.when_busy, message=_parked(queue, task_id, message))
+        if answer.made_ready:
+            self.wake_dispatcher()
+        if answer.verdict == RUN:
+            grant = Grant(limits.task, task_id, scopes, limits, answer.holds_rate_turn)
+            with self._lock:
+                self._grants[task_id] = grant
+            return Admission(RUN, grant)
+        _ack(message)
+        if answer.verdict == DROP:
+            self.dropped += 1
+            jobs.count(queue, "dropped")
+            logger.info("durable.limit.dropped task=%s id=%s scope=%s: its key is busy and the task drops "
+                        "when busy", limits.task, task_id, answer.busy.key if answer.busy else "",
+                        extra={"event": "durable.limit.dropped", "task_id": task_id})
+            return Admission(DROP)
+        self.waited += 1
+        if answer.publish_at is not None:
+            self.wake_dispatcher()
+        logger.debug("durable.limit.waiting task=%s id=%s", limits.task, task_id)
+        return Admission(WAIT)
+
+    def release(self, grant: Grant, *, started: bool) -> None:
+        """Give ``grant``'s leases back; a run that never started gives back its rate turn too."""
+        with self._lock:
+            if self._grants.get(grant.task_id) is grant:
+                del self._grants[grant.task_id]
+        give_back_turn = grant.limits.rate if grant.holds_rate_turn and not started else None
+        if not grant.scopes and give_back_turn is None:
+            return
+        try:
+            with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
+                made_ready = store.release(conn, task=grant.task, task_id=grant.task_id, scopes=grant.scopes,
+                                           holder=self.holder, give_back_turn=give_back_turn,
+                                           ttl=self.lease_ttl, now=self._clock())
+        except Exception as err:  # noqa: BLE001 - reported; the lease expires one TTL after the last renewal
+            logger.warning("durable.limit.release_failed task=%s id=%s error=%s: the lease is kept until it "
+                           "expires", grant.task, grant.task_id, err)
+            return
+        if made_ready:
+            self.wake_dispatcher()
+
+    def held(self) -> dict[str, dict[str, int]]:
+        """Leases this worker holds, per task and key (``*`` for the task-wide concurrency)."""
+        out: dict[str, dict[str, int]] = {}
+        with self._lock:
+            grants = list(self._grants.values())
+        for grant in grants:
+            for scope in grant.scopes:
+                per_key = out.setdefault(scope.task, {})
+                name = scope.key if scope.kind == "key" else "*"
+                per_key[name] = per_key.get(name, 0) + 1
+        return out
+
+    def now(self) -> datetime:
+        return self._clock()
+
+    def wake_dispatcher(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.wake()
+
+    def close(self) -> None:
+        """The worker is leaving: what it still holds goes back, so waiters need not wait out a TTL."""
+        keeper().release_limits(self.url, self.holder)
+        try:
+            with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
+                store.release_holder(conn, self.holder)
+                store.sweep(conn, self.scope_limits(), self.lease_ttl, self._clock())
+        except Exception as err:  # noqa: BLE001 - the leases expire one TTL after the last renewal
+            logger.warning("durable.limit.close_failed error=%s", err)
+
+    def scope_limits(self) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for name, limits in self.limits.items():
+            if limits.concurrency is not None:
+                out[(name, "task")] = limits.concurrency
+            if limits.key is not None:
+                out[(name, "key")] = limits.key_limit
+        return out
+
+    # -- a run that cannot run --------------------------------------------------------------
+    def _fail(self, task_name: str, task_id: str, queue: str, message: Any, err: KeyFunctionFailed) -> None:
+        # Settled failed, as a task that raised: the result backend has the error, the message goes.
+        logger.error("durable.limit.key_failed id=%s: %s", task_id, err,
+                     extra={"event": "durable.limit.key_failed", "task_id": task_id})
+        task = self.app.tasks.get(task_name)
+        if task is not None and not getattr(task, "ignore_result", False):
+            try:
+                task.backend.mark_as_failure(task_id, err)
+            except NotImplementedError:
+                pass  # no result backend configured: the log line and the counter say it
+        jobs.count(queue, "failed")
+        _ack(message)
+
+
+class LimitDispatcher:
+    """Publishes parked messages whose turn came, and reclaims leases whose holder died; one thread per worker.
+
+    Woken at once by this worker's own releases, by a NOTIFY from any
+    worker's (PostgreSQL), and otherwise polls every ``poll_interval``; a
+    message booked for a rate turn is published when that turn is due.
+    """
+
+    def __init__(self, gate: LimitGate, *, poll_interval: float, batch_size: int = 100) -> None:
+        self.gate = gate
+        self.poll_interval = poll_interval
+        self.batch_size = batch_size
+        self.published = 0
+        self._stopping = threading.Event()
+        engine = engine_for(gate.url)
+        self._waker = Waker(engine if engine.dialect.name == "postgresql" else None, store.CHANNEL)
+        self._thread: threading.Thread | None = None
+        gate.dispatcher = self
+
+    def start(self) -> None:
+        """Start the thread (once: a reconnecting consumer calls this again)."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="durable-limit-dispatcher", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._waker.wake()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._waker.wake()
+        if self._thread is not None:
+            self._thread.join(10.0)
+
+    def _run(self) -> None:
+        next_sweep = 0.0
+        try:
+            while not self._stopping.is_set():
+                self._waker.clear()
+                delay = self.poll_interval
+                try:
+                    now = self.gate.now()
+                    if now.timestamp() >= next_sweep:
+                        with engine_for(self.gate.url).begin() as conn:
+                            store.sweep(conn, self.gate.scope_limits(), self.gate.lease_ttl, now)
+                        next_sweep = now.timestamp() + min(self.poll_interval, self.gate.lease_ttl / 3.0)
+                    more = self.publish_ready()
+                    if more:
+                        continue
+                    with engine_for(self.gate.url).connect() as conn:
+                        due = store.next_publish_at(conn)
+                    if due is not None:
+                        delay = min(delay, max((due - self.gate.now()).total_seconds(), 0.0))
+                except Exception:  # noqa: BLE001 - the store or broker is down: the rows stay, try again
+                    logger.warning("durable.limit.dispatch_failed", exc_info=True)
+                if delay > 0:
+                    self._waker.wait(delay)
+        finally:
+            self._waker.close()
+
+    def publish_ready(self) -> bool:
+        """Publish one batch of due parked messages; True if the batch was full (more may be due)."""
+        with engine_for(self.gate.url).begin() as conn:
+            ready = store.claim_ready(conn, self.batch_size, self.gate.now())
+            if not ready:
+                return False
+            with self.gate.app.producer_or_acquire() as producer:
+                for row in ready:
+                    properties = kombu_json.loads(row.properties)
+                    producer.publish(
+                        row.body, exchange=row.exchange, routing_key=row.routing_key,
+                        headers=kombu_json.loads(row.headers), content_type=row.content_type,
+                        content_encoding=row.content_encoding, serializer=None, retry=True, **properties,
+                    )
+            # Published, then forgotten in the same transaction: a crash between the two publishes
+            # the message again (at least once), never loses it.
+            store.forget(conn, [row.id for row in ready])
+        self.published += len(ready)
+        return len(ready) == self.batch_size
+
+
+def _ack(message: Any) -> None:
+    if not message.acknowledged:
+        message.ack()
+
+
+def _arguments(message: Any) -> tuple[Any, Any]:
+    payload = message.decode()
+    if isinstance(payload, dict):  # task protocol 1
+        return payload.get("args") or (), payload.get("kwargs") or {}
+    args, kwargs = payload[0], payload[1]
+    return args or (), kwargs or {}
+
+
+def _parked(queue: str, task_id: str, message: Any) -> store.WaitingMessage:
+    delivery = message.delivery_info or {}
+    properties = message.properties or {}
+    body = message.body
+    if isinstance(body, str):
+        body = body.encode(message.content_encoding or "utf-8")
+    return store.WaitingMessage(
+        task_id=task_id,
+        queue=queue,
+        exchange=delivery.get("exchange") or "",
+        routing_key=delivery.get("routing_key") or queue,
+        body=bytes(body),
+        headers=kombu_json.dumps(message.headers or {}),
+        properties=kombu_json.dumps({k: properties[k] for k in _KEPT_PROPERTIES if properties.get(k) is not None}),
+        content_type=message.content_type or "application/json",
+        content_encoding=message.content_encoding or "utf-8",
+    )
