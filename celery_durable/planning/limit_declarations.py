@@ -149,7 +149,9 @@ def declared(task_name: str, options: Mapping[str, Any]) -> TaskLimits | None:
 
 def of_task(task: Any) -> TaskLimits | None:
     """The limits a registered Celery task declares."""
-    return declared(task.name, {name: getattr(task, name, None) for name in OPTIONS})
+    # Read off the class: Celery keeps the options as class attributes, and a
+    # function read through the instance would come back bound to the task.
+    return declared(task.name, {name: getattr(type(task), name, None) for name in OPTIONS})
 
 
 def of_app(app: Any) -> dict[str, TaskLimits]:

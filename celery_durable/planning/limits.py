@@ -10,8 +10,10 @@ start, moving the TAT on, and waits in the store until its booked time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+
+from celery_durable.planning.limit_declarations import Rate, Scope
 
 #: What the gate does with a message once the store has answered.
 RUN = "run"            # every lease taken: hand it to Celery
@@ -49,3 +51,128 @@ def book_rate_turn(tat: datetime | None, now: datetime, interval: float, burst: 
 def return_rate_turn(tat: datetime, interval: float) -> datetime:
     """The TAT after a booked turn is given back (its run never started): one interval earlier."""
     return tat - timedelta(seconds=interval)
+
+
+# -- one batch of claimed messages against the scopes' state, decided in memory -------------------
+@dataclass(frozen=True)
+class LimitAsk:
+    """One claimed message of a limited task: the leases it needs and what it does when busy."""
+
+    task: str
+    task_id: str
+    scopes: tuple[Scope, ...]
+    rate: Rate | None
+    when_busy: str
+
+
+@dataclass
+class ScopeState:
+    """One scope as read under its lock (expired leases already deleted)."""
+
+    live: int
+    #: Task ids with a lease booked here for them (holder NULL): a waiter made ready.
+    booked: set[str] = field(default_factory=set)
+    #: Task ids whose lease here a worker holds.
+    held: set[str] = field(default_factory=set)
+    #: Messages parked on this scope, not made ready yet.
+    waiting: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: str
+    busy: Scope | None = None
+    #: WAIT for a rate turn: when the message is published again.
+    publish_at: datetime | None = None
+    holds_rate_turn: bool = False
+
+
+@dataclass
+class BatchPlan:
+    """What the store writes for a batch, and the verdict of each message in order."""
+
+    decisions: list[Decision] = field(default_factory=list)
+    #: (scope, task id, booked): leases the batch's runs take — a booking of theirs, or a new row.
+    leases: list[tuple[Scope, str, bool]] = field(default_factory=list)
+    #: (index of the ask, scope or None for a rate turn, publish_at or None): messages to park.
+    parked: list[tuple[int, Scope | None, datetime | None]] = field(default_factory=list)
+    #: (task, task id, start_at): rate turns booked for parked messages.
+    rate_bookings: list[tuple[str, str, datetime]] = field(default_factory=list)
+    #: (task, task id): rate bookings the batch's messages came back with, used now.
+    used_rate_bookings: list[tuple[str, str]] = field(default_factory=list)
+    #: The rate limits' new TATs, per task.
+    tats: dict[str, datetime] = field(default_factory=dict)
+    #: Waiters to make ready, per scope (oldest first), before the batch's own messages.
+    ready: dict[Scope, int] = field(default_factory=dict)
+
+
+def plan_batch(asks: list[LimitAsk], scopes: dict[Scope, ScopeState], parked_ids: set[str],
+               rate_booked: set[tuple[str, str]], tats: dict[str, datetime | None], now: datetime) -> BatchPlan:
+    """Decide each ask in arrival order; ``scopes``' states are updated as the decisions take leases.
+
+    Waiters parked earlier go first: where a scope has room and waiters, they
+    are made ready before a message of this batch may take a lease there.
+    """
+    plan = BatchPlan()
+    current_tats = dict(tats)
+    for index, ask in enumerate(asks):
+        if ask.task_id in parked_ids:
+            # Another copy of a message already parked: the parked one will run.
+            plan.decisions.append(Decision(WAIT))
+            continue
+        holds_turn = False
+        if ask.rate is not None:
+            if (ask.task, ask.task_id) in rate_booked:
+                rate_booked.discard((ask.task, ask.task_id))
+                plan.used_rate_bookings.append((ask.task, ask.task_id))
+            else:
+                turn = book_rate_turn(current_tats.get(ask.task), now, ask.rate.interval, ask.rate.burst)
+                current_tats[ask.task] = plan.tats[ask.task] = turn.tat
+                if turn.waits(now):
+                    plan.rate_bookings.append((ask.task, ask.task_id, turn.start_at))
+                    plan.parked.append((index, None, turn.start_at))
+                    plan.decisions.append(Decision(WAIT, publish_at=turn.start_at))
+                    continue
+            holds_turn = True
+        busy = next((scope for scope in ask.scopes if not _fits(scope, scopes[scope], ask.task_id, plan)), None)
+        if busy is not None:
+            if holds_turn and ask.rate is not None:
+                tat = current_tats.get(ask.task)
+                if tat is not None:
+                    current_tats[ask.task] = plan.tats[ask.task] = return_rate_turn(tat, ask.rate.interval)
+            if ask.when_busy == DROP:
+                plan.decisions.append(Decision(DROP, busy=busy))
+            else:
+                scopes[busy].waiting += 1
+                plan.parked.append((index, busy, None))
+                plan.decisions.append(Decision(WAIT, busy=busy))
+            continue
+        for scope in ask.scopes:
+            state = scopes[scope]
+            booked = ask.task_id in state.booked
+            if booked:
+                state.booked.discard(ask.task_id)
+            else:
+                state.live += 1
+            state.held.add(ask.task_id)
+            plan.leases.append((scope, ask.task_id, booked))
+        plan.decisions.append(Decision(RUN, holds_rate_turn=holds_turn))
+    return plan
+
+
+def _fits(scope: Scope, state: ScopeState, task_id: str, plan: BatchPlan) -> bool:
+    if task_id in state.held:
+        # Another copy of this run holds a lease here (delivered again while the
+        # first runs, or its worker died less than a TTL ago): this one waits.
+        return False
+    if task_id in state.booked:
+        return True
+    free = scope.limit - state.live
+    if free > 0 and state.waiting > 0:
+        # Waiters first, in arrival order: this message queues behind them.
+        made_ready = min(free, state.waiting)
+        state.waiting -= made_ready
+        state.live += made_ready
+        plan.ready[scope] = plan.ready.get(scope, 0) + made_ready
+        free -= made_ready
+    return free > 0

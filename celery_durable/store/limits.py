@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from celery_durable.planning.limit_declarations import Rate, Scope
-from celery_durable.planning.limits import DROP, RUN, WAIT, book_rate_turn, return_rate_turn
+from celery_durable.planning.limits import LimitAsk, ScopeState, plan_batch, return_rate_turn
 from celery_durable.store.schema import limit_leases as leases
 from celery_durable.store.schema import limit_waiting as waiting
 from celery_durable.store.schema import rate_limits
@@ -81,52 +81,56 @@ class ReadyMessage:
     content_encoding: str
 
 
-def take(conn: Connection, *, task: str, task_id: str, scopes: Sequence[Scope], rate: Rate | None,
-         holder: str, ttl: float, now: datetime, when_busy: str, message: WaitingMessage) -> Answer:
-    """In ``conn``'s transaction: take every lease ``task_id`` needs, or park (or drop) its message."""
-    _lock(conn, [_scope_lock(s.task, s.kind, s.key) for s in scopes]
-          + ([_scope_lock(task, RATE_KIND, "")] if rate is not None else []))
-    if conn.execute(sa.select(waiting.c.id).where(waiting.c.task_id == task_id,
-                                                  waiting.c.publish_at.is_(None))).first() is not None:
-        # A copy of a message already parked (the broker delivered it again
-        # before our ack landed): the parked one will run; this copy goes.
-        return Answer(WAIT)
-    holds_turn = False
-    if rate is not None:
-        booked = _delete_booking(conn, task, task_id, now)
-        if not booked:
-            tat = conn.execute(sa.select(rate_limits.c.tat).where(rate_limits.c.task_name == task)).scalar()
-            turn = book_rate_turn(_aware(tat), now, rate.interval, rate.burst)
-            _set_tat(conn, task, turn.tat)
-            if turn.waits(now):
-                # The turn is this message's: booked, and it comes back when it is due.
-                conn.execute(leases.insert().values(task_name=task, kind=RATE_KIND, key="", task_id=task_id,
-                                                    holder=None,
-                                                    expires_at=turn.start_at + timedelta(seconds=ttl)))
-                _park(conn, task, RATE_KIND, "", message, now, publish_at=turn.start_at)
-                return Answer(WAIT, publish_at=turn.start_at)
-        holds_turn = True
-    made_ready = 0
-    busy: Scope | None = None
-    for scope in scopes:
-        booked_here, room, ready = _room(conn, scope, task_id, ttl, now)
-        made_ready += ready
-        if not booked_here and room < 1:
-            busy = scope
-            break
-    if busy is not None:
-        if holds_turn and rate is not None:
-            _give_back_turn(conn, task, rate)
-        if when_busy == DROP:
-            return Answer(DROP, busy=busy, made_ready=made_ready)
-        _park(conn, busy.task, busy.kind, busy.key, message, now, publish_at=None)
-        return Answer(WAIT, busy=busy, made_ready=made_ready)
+def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[WaitingMessage], *,
+               holder: str, ttl: float, now: datetime) -> list[Answer]:
+    """In ``conn``'s transaction: for each ask in order, take its leases, or park (or drop) its message.
+
+    One transaction and a few statements per scope for the whole batch (a claim
+    pass): the scopes are read once under their locks, the decisions are made
+    in memory (``planning.limits.plan_batch``), and the writes go in bulk.
+    """
+    scopes = sorted({scope for ask in asks for scope in ask.scopes}, key=_scope_order)
+    rated = sorted({ask.task for ask in asks if ask.rate is not None})
+    _lock(conn, [_scope_lock(s.task, s.kind, s.key) for s in scopes] + [_scope_lock(t, RATE_KIND, "") for t in rated])
+    task_ids = [ask.task_id for ask in asks]
+    parked_ids = set(conn.execute(sa.select(waiting.c.task_id).where(waiting.c.task_id.in_(task_ids),
+                                                                     waiting.c.publish_at.is_(None))).scalars())
+    states = {scope: _read_scope(conn, scope, now) for scope in scopes}
+    rate_booked: set[tuple[str, str]] = set()
+    tats: dict[str, datetime | None] = {}
+    if rated:
+        rate_booked = {(t, tid) for t, tid in conn.execute(
+            sa.select(leases.c.task_name, leases.c.task_id).where(
+                leases.c.task_name.in_(rated), leases.c.kind == RATE_KIND, leases.c.task_id.in_(task_ids)))}
+        tats = {task: _aware(tat) for task, tat in conn.execute(
+            sa.select(rate_limits.c.task_name, rate_limits.c.tat).where(rate_limits.c.task_name.in_(rated)))}
+    plan = plan_batch(list(asks), states, parked_ids, rate_booked, tats, now)
+
+    made_ready = sum(_make_ready(conn, scope, count, ttl, now) for scope, count in plan.ready.items())
     expires = now + timedelta(seconds=ttl)
-    for scope in scopes:
-        _upsert_lease(conn, scope, task_id, holder, expires)
+    for scope, task_id, _ in (lease for lease in plan.leases if lease[2]):
+        conn.execute(leases.update().where(*_in_scope(scope), leases.c.task_id == task_id)
+                     .values(holder=holder, expires_at=expires))
+    new_leases = [dict(task_name=scope.task, kind=scope.kind, key=scope.key, task_id=task_id, holder=holder,
+                       expires_at=expires) for scope, task_id, booked in plan.leases if not booked]
+    if new_leases:
+        conn.execute(leases.insert(), new_leases)
+    for task, task_id in plan.used_rate_bookings:
+        conn.execute(leases.delete().where(leases.c.task_name == task, leases.c.kind == RATE_KIND,
+                                           leases.c.key == "", leases.c.task_id == task_id))
+    if plan.rate_bookings:
+        conn.execute(leases.insert(), [dict(task_name=task, kind=RATE_KIND, key="", task_id=task_id, holder=None,
+                                            expires_at=start_at + timedelta(seconds=ttl))
+                                       for task, task_id, start_at in plan.rate_bookings])
+    for task, tat in plan.tats.items():
+        _set_tat(conn, task, tat)
+    if plan.parked:
+        _park(conn, [_parked_row(asks[index], scope, messages[index], now, publish_at)
+                     for index, scope, publish_at in plan.parked])
     if made_ready:
         _notify(conn)
-    return Answer(RUN, holds_rate_turn=holds_turn, made_ready=made_ready)
+    return [Answer(d.verdict, busy=d.busy, publish_at=d.publish_at, holds_rate_turn=d.holds_rate_turn,
+                   made_ready=made_ready) for d in plan.decisions]
 
 
 def release(conn: Connection, *, task: str, task_id: str, scopes: Sequence[Scope], holder: str,
@@ -139,7 +143,7 @@ def release(conn: Connection, *, task: str, task_id: str, scopes: Sequence[Scope
                                            leases.c.holder == holder))
     if give_back_turn is not None:
         _give_back_turn(conn, task, give_back_turn)
-    made_ready = sum(_room(conn, scope, None, ttl, now)[2] for scope in scopes)
+    made_ready = sum(_room(conn, scope, ttl, now) for scope in scopes)
     if made_ready:
         _notify(conn)
     return made_ready
@@ -161,7 +165,7 @@ def sweep(conn: Connection, limits: dict[tuple[str, str], int], ttl: float, now:
             continue
         scope = Scope(task, kind, key, limit)
         _lock(conn, [_scope_lock(task, kind, key)])
-        made_ready += _room(conn, scope, None, ttl, now)[2]
+        made_ready += _room(conn, scope, ttl, now)
     if made_ready:
         _notify(conn)
     return made_ready
@@ -224,62 +228,60 @@ def holders(conn: Connection, now: datetime) -> list[dict[str, Any]]:
 
 
 # -- inside one scope's lock --------------------------------------------------------------------
-def _room(conn: Connection, scope: Scope, task_id: str | None, ttl: float, now: datetime) -> tuple[bool, int, int]:
-    """(``task_id`` has a booked lease here, leases left free once waiters got theirs, waiters made ready)."""
+def _read_scope(conn: Connection, scope: Scope, now: datetime) -> ScopeState:
+    """The scope's live leases and waiters, its expired leases deleted first (their holders died)."""
     conn.execute(leases.delete().where(*_in_scope(scope), leases.c.expires_at < now))
-    live = conn.execute(sa.select(leases.c.task_id, leases.c.holder).where(*_in_scope(scope))).all()
-    booked_here = any(tid == task_id and holder is None for tid, holder in live)
-    if task_id is not None and any(tid == task_id and holder is not None for tid, holder in live):
-        # Another copy of this run holds a lease here (the broker delivered it
-        # again while the first runs, or its worker died less than a TTL ago):
-        # this copy waits for that lease rather than run beside it.
-        return False, 0, 0
-    # Every live row counts, the arriving message's own booking included: its
-    # lease is already counted, so it is not room for a waiter.
-    free = scope.limit - len(live)
-    made_ready = 0
-    if free > 0:
-        # Waiters first, in arrival order: a message arriving now queues behind them.
-        queued = conn.execute(sa.select(waiting.c.id, waiting.c.task_id)
-                              .where(waiting.c.task_name == scope.task, waiting.c.kind == scope.kind,
-                                     waiting.c.key == scope.key, waiting.c.publish_at.is_(None))
-                              .order_by(waiting.c.id).limit(free)).all()
-        expires = now + timedelta(seconds=ttl)
-        for row_id, waiter in queued:
-            conn.execute(leases.insert().values(task_name=scope.task, kind=scope.kind, key=scope.key,
-                                                task_id=waiter, holder=None, expires_at=expires))
-            conn.execute(waiting.update().where(waiting.c.id == row_id).values(publish_at=now))
-        made_ready = len(queued)
-        free -= made_ready
-    return booked_here, free, made_ready
+    rows = conn.execute(sa.select(leases.c.task_id, leases.c.holder).where(*_in_scope(scope))).all()
+    waiters = conn.execute(sa.select(sa.func.count()).select_from(waiting).where(
+        waiting.c.task_name == scope.task, waiting.c.kind == scope.kind, waiting.c.key == scope.key,
+        waiting.c.publish_at.is_(None))).scalar_one()
+    return ScopeState(live=len(rows), booked={tid for tid, holder in rows if holder is None},
+                      held={tid for tid, holder in rows if holder is not None}, waiting=int(waiters))
 
 
-def _upsert_lease(conn: Connection, scope: Scope, task_id: str, holder: str, expires: datetime) -> None:
-    updated = conn.execute(leases.update().where(*_in_scope(scope), leases.c.task_id == task_id)
-                           .values(holder=holder, expires_at=expires))
-    if not updated.rowcount:
-        conn.execute(leases.insert().values(task_name=scope.task, kind=scope.kind, key=scope.key,
-                                            task_id=task_id, holder=holder, expires_at=expires))
+def _make_ready(conn: Connection, scope: Scope, count: int, ttl: float, now: datetime) -> int:
+    """Book a lease for each of the ``count`` oldest waiters of ``scope`` and mark them due now."""
+    if count <= 0:
+        return 0
+    queued = conn.execute(sa.select(waiting.c.id, waiting.c.task_id)
+                          .where(waiting.c.task_name == scope.task, waiting.c.kind == scope.kind,
+                                 waiting.c.key == scope.key, waiting.c.publish_at.is_(None))
+                          .order_by(waiting.c.id).limit(count)).all()
+    if not queued:
+        return 0
+    expires = now + timedelta(seconds=ttl)
+    conn.execute(leases.insert(), [dict(task_name=scope.task, kind=scope.kind, key=scope.key, task_id=waiter,
+                                        holder=None, expires_at=expires) for _, waiter in queued])
+    conn.execute(waiting.update().where(waiting.c.id.in_([row_id for row_id, _ in queued])).values(publish_at=now))
+    return len(queued)
 
 
-def _park(conn: Connection, task: str, kind: str, key: str, message: WaitingMessage, now: datetime,
-          publish_at: datetime | None) -> None:
-    values = dict(task_name=task, kind=kind, key=key, task_id=message.task_id, queue=message.queue,
-                  exchange=message.exchange, routing_key=message.routing_key, body=message.body,
-                  headers=message.headers, properties=message.properties, content_type=message.content_type,
-                  content_encoding=message.content_encoding, created_at=now, publish_at=publish_at)
+def _room(conn: Connection, scope: Scope, ttl: float, now: datetime) -> int:
+    """Make waiters ready while ``scope`` has room; returns how many."""
+    state = _read_scope(conn, scope, now)
+    return _make_ready(conn, scope, min(scope.limit - state.live, state.waiting), ttl, now)
+
+
+def _parked_row(ask: LimitAsk, scope: Scope | None, message: WaitingMessage, now: datetime,
+                publish_at: datetime | None) -> dict[str, Any]:
+    task, kind, key = (scope.task, scope.kind, scope.key) if scope is not None else (ask.task, RATE_KIND, "")
+    return dict(task_name=task, kind=kind, key=key, task_id=message.task_id, queue=message.queue,
+                exchange=message.exchange, routing_key=message.routing_key, body=message.body,
+                headers=message.headers, properties=message.properties, content_type=message.content_type,
+                content_encoding=message.content_encoding, created_at=now, publish_at=publish_at)
+
+
+def _park(conn: Connection, rows: list[dict[str, Any]]) -> None:
     if conn.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:
         from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
     # A row for this id already on its way out (made ready, not yet published) carries the message.
-    conn.execute(insert(waiting).values(**values).on_conflict_do_nothing(index_elements=["task_id"]))
+    conn.execute(insert(waiting).on_conflict_do_nothing(index_elements=["task_id"]), rows)
 
 
-def _delete_booking(conn: Connection, task: str, task_id: str, now: datetime) -> bool:
-    result = conn.execute(leases.delete().where(leases.c.task_name == task, leases.c.kind == RATE_KIND,
-                                                leases.c.key == "", leases.c.task_id == task_id))
-    return bool(result.rowcount)
+def _scope_order(scope: Scope) -> tuple[str, str, str]:
+    return scope.task, scope.kind, scope.key
 
 
 def _give_back_turn(conn: Connection, task: str, rate: Rate) -> None:

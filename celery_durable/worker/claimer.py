@@ -80,6 +80,7 @@ class Claimer:
         before_pass: Callable[[], None] = lambda: None,
         new_fetcher: Callable[[Any, Any], Fetcher] = fetcher_for,
         gate: LimitGate | None = None,
+        schedule_on_loop: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         self._connection = connection
         self._gate = gate
@@ -87,6 +88,8 @@ class Claimer:
         self.held = held
         self._accept = accept
         self._schedule = schedule
+        self._schedule_on_loop = schedule_on_loop
+        self._loop_thread: int | None = None
         self._stop_requested = stop_requested
         self._before_pass = before_pass
         self._new_fetcher = new_fetcher
@@ -109,8 +112,6 @@ class Claimer:
         #: Messages admitted from claim passes, and from the idle any-queue wait.
         self.claimed_by_passes = 0
         self.claimed_by_idle_wait = 0
-        #: Messages the fleet-limit gate parked, dropped or failed instead of admitting.
-        self.limited_away = 0
         #: Set when the store could not answer the gate: no pass until then (a requeued
         #: message would otherwise come straight back and spin while the store is down).
         self._paused_until = 0.0
@@ -123,6 +124,7 @@ class Claimer:
         return self.running and not self._stop_requested()
 
     def start(self) -> None:
+        self._loop_thread = threading.get_ident()
         self._claim_channel = self._connection.channel()
         self._fetcher = self._new_fetcher(self._claim_channel, self._accept)
         # What the fetcher can do is asked once: an isinstance against a
@@ -162,7 +164,13 @@ class Claimer:
             if self._kick_pending:
                 return
             self._kick_pending = True
-        self._schedule(self._kicked)
+        if self._schedule_on_loop is not None and threading.get_ident() == self._loop_thread:
+            # From the loop thread itself (a pass, an idle delivery): Celery's hub
+            # runs call_soon callbacks only after its next poll, which may wait out
+            # the next timer (up to a second); a timer due now ends that poll.
+            self._schedule_on_loop(self._kicked)
+        else:
+            self._schedule(self._kicked)
 
     def _kicked(self) -> None:
         with self._kick_lock:
@@ -235,6 +243,7 @@ class Claimer:
         """The pass in one broker round trip; the planner replays its asks and must agree with each."""
         results = fetcher.claim_pass(sweep.to_ask, sweep.free, sweep.room)
         unreadable = 0
+        taken: list[tuple[str, Any]] = []
         for result in results:
             # The broker reports only the asks that took messages; the ones
             # between took nothing and leave the sweep as it was.
@@ -245,10 +254,10 @@ class Claimer:
             sweep = record(sweep, ask, result.taken)
             # A message already taken from the broker is admitted even if a stop
             # came meanwhile: it is counted, and the drain hands it back.
-            for message in result.messages:
-                if not self._admit(result.queue, message):
-                    unreadable += 1
+            taken.extend((result.queue, message) for message in result.messages)
             unreadable += result.taken - len(result.messages)
+        # Admitted together: the limit gate decides a pass's limited messages in one store transaction.
+        unreadable += len(taken) - self._admit_all(taken)
         if unreadable:
             # Items Python could not read were parked (and limited messages went to
             # wait) after they took room in the pass: another pass fills it.
@@ -256,33 +265,59 @@ class Claimer:
         return sweep
 
     def _fetch(self, queue: Any, count: int) -> int:
-        got = 0
         if self._fetcher is None:  # run_pass checked; set once at start, never cleared
-            return got
+            return 0
         # A message already taken from the broker is admitted even if a stop
         # came meanwhile: it is counted, and the drain hands it back.
-        for message in self._fetcher.fetch(queue, count, lambda: self.claiming):
-            if self._admit(queue.name, message):
-                got += 1
-        return got
+        messages = list(self._fetcher.fetch(queue, count, lambda: self.claiming))
+        return self._admit_all([(queue.name, message) for message in messages])
 
     def _admit(self, queue_name: str, message: Any) -> bool:
-        """Hand ``message`` to Celery; False if it was parked instead (it holds no slot)."""
-        reason = undecodable(message)
-        if reason is not None:
-            # Stock Celery acks (on_decode_error) or rejects (on_invalid_task)
-            # such a message, and it is gone: parked, an operator can see it.
-            self._park(queue_name, message, reason)
-            return False
-        grant, checked = None, False
-        if self._gate is not None and not eta_ahead(message):
-            admission = self._limit_admission(queue_name, message)
-            if admission is not None:
-                if not admission.runs:
-                    self.limited_away += 1
-                    return False
-                grant = admission.grant
-            checked = True
+        """Hand ``message`` to Celery; False if it was parked, or went to wait for a limit (no slot)."""
+        return self._admit_all([(queue_name, message)]) == 1
+
+    def _admit_all(self, taken: list[tuple[str, Any]]) -> int:
+        """Hand each (queue, message) to Celery in order; returns how many now hold a slot."""
+        readable = []
+        for queue_name, message in taken:
+            reason = undecodable(message)
+            if reason is not None:
+                # Stock Celery acks (on_decode_error) or rejects (on_invalid_task)
+                # such a message, and it is gone: parked, an operator can see it.
+                self._park(queue_name, message, reason)
+            else:
+                readable.append((queue_name, message))
+        admissions = self._limit_admissions(readable)
+        return sum(self._admit_readable(queue_name, message, checked, admission)
+                   for (queue_name, message), (checked, admission) in zip(readable, admissions))
+
+    def _limit_admissions(self, readable: list[tuple[str, Any]]) -> list[tuple[bool, Admission | None]]:
+        """(checked, admission) per message: what the fleet-limit gate decided, in one store transaction.
+
+        A message whose ETA is ahead is not checked now (it takes its leases
+        when due); a message of an unlimited task is checked and needs nothing.
+        """
+        gate = self._gate
+        if gate is None:
+            return [(False, None)] * len(readable)
+        ahead = [eta_ahead(message) for _, message in readable]
+        due = [item for item, later in zip(readable, ahead) if not later]
+        try:
+            decided = iter(gate.admit_batch(due))
+        except Exception as err:  # noqa: BLE001 - the store did not answer: the broker keeps the messages
+            logger.warning("durable.limit.store_unavailable error=%s: limited messages go back to the broker; "
+                           "claiming pauses %.0f s", err, STORE_PAUSE,
+                           extra={"event": "durable.limit.store_unavailable"})
+            self._paused_until = monotonic() + STORE_PAUSE
+            decided = iter(_requeue_limited(gate, due))
+        return [(False, None) if later else (True, next(decided)) for later in ahead]
+
+    def _admit_readable(self, queue_name: str, message: Any, checked: bool, admission: Admission | None) -> bool:
+        grant = None
+        if admission is not None:
+            if not admission.runs:
+                return False
+            grant = admission.grant
         run = self.held.take(queue_name, message)
         run.limit_grant, run.limit_checked = grant, checked
         self._admitting = run
@@ -310,19 +345,6 @@ class Claimer:
                 # Waiting for its ETA: it frees its slot until it is due.
                 self.held.schedule(message)
         return True
-
-    def _limit_admission(self, queue_name: str, message: Any) -> Admission | None:
-        if self._gate is None:
-            return None
-        try:
-            return self._gate.admit(queue_name, message)
-        except Exception as err:  # noqa: BLE001 - the store did not answer: the broker keeps the message
-            logger.warning("durable.limit.store_unavailable queue=%s error=%s: the message goes back to the "
-                           "broker; claiming pauses %.0f s", queue_name, err, STORE_PAUSE,
-                           extra={"event": "durable.limit.store_unavailable"})
-            message.reject(requeue=True)
-            self._paused_until = monotonic() + STORE_PAUSE
-            return Admission(WAIT)
 
     def _park(self, queue_name: str, message: Any, reason: str) -> None:
         if self._parker is None:
@@ -390,3 +412,15 @@ class Claimer:
                 consumer.cancel()
             except Exception:  # noqa: BLE001 - a dead channel has nothing left to cancel
                 logger.debug("durable.idle.cancel_failed", exc_info=True)
+
+
+def _requeue_limited(gate: LimitGate, items: list[tuple[str, Any]]) -> list[Admission | None]:
+    """The store could not decide: each limited message goes back to the broker; the others need nothing."""
+    out: list[Admission | None] = []
+    for _, message in items:
+        if gate.is_limited(message):
+            message.reject(requeue=True)
+            out.append(Admission(WAIT))
+        else:
+            out.append(None)
+    return out

@@ -84,6 +84,7 @@ class DurableConsumer(ConsumerHooks):
             queues=lambda: list(self.app.amqp.queues.consume_from.values()),
             accept=self.app.conf.accept_content,
             schedule=hub.call_soon if hub is not None else None,
+            schedule_on_loop=(lambda fn: hub.call_later(0, fn)) if hub is not None else None,
         )
         if hub is not None:
             for interval, fn in self.runtime.timers:

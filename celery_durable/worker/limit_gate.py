@@ -25,7 +25,7 @@ from kombu.utils import json as kombu_json
 from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.metrics import jobs
 from celery_durable.planning.limit_declarations import KeyFunctionFailed, Scope, TaskLimits
-from celery_durable.planning.limits import DROP, FAIL, RUN, WAIT
+from celery_durable.planning.limits import DROP, FAIL, RUN, WAIT, LimitAsk
 from celery_durable.store import limits as store
 from celery_durable.store.engine import engine_for, ensure_schema, unavailable_as_error
 from celery_durable.store.notify import Waker
@@ -81,42 +81,61 @@ class LimitGate:
         keeper().hold_limits(url, self.holder, lease_ttl)
 
     # -- admission -----------------------------------------------------------------------
+    def is_limited(self, message: Any) -> bool:
+        return str((message.headers or {}).get("task")) in self.limits
+
     def admit(self, queue: str, message: Any) -> Admission | None:
         """None when ``message``'s task declares no limit; else what the store decided, already acted on."""
-        headers = message.headers or {}
-        limits = self.limits.get(str(headers.get("task")))
-        if limits is None:
-            return None
-        task_id = str(headers.get("id"))
-        args, kwargs = _arguments(message)
-        try:
-            scopes = limits.scopes(args, kwargs)
-        except KeyFunctionFailed as err:
-            self._fail(limits.task, task_id, queue, message, err)
-            return Admission(FAIL)
+        return self.admit_batch([(queue, message)])[0]
+
+    def admit_batch(self, items: list[tuple[str, Any]]) -> list[Admission | None]:
+        """:meth:`admit` for each (queue, message), in one store transaction for all the limited ones."""
+        out: list[Admission | None] = [None] * len(items)
+        asks: list[tuple[int, LimitAsk, TaskLimits]] = []
+        for index, (queue, message) in enumerate(items):
+            headers = message.headers or {}
+            limits = self.limits.get(str(headers.get("task")))
+            if limits is None:
+                continue
+            task_id = str(headers.get("id"))
+            args, kwargs = _arguments(message)
+            try:
+                scopes = limits.scopes(args, kwargs)
+            except KeyFunctionFailed as err:
+                self._fail(limits.task, task_id, queue, message, err)
+                out[index] = Admission(FAIL)
+                continue
+            asks.append((index, LimitAsk(limits.task, task_id, scopes, limits.rate, limits.when_busy), limits))
+        if not asks:
+            return out
+        parked = [_parked(items[index][0], ask.task_id, items[index][1]) for index, ask, _ in asks]
         with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
-            answer = store.take(conn, task=limits.task, task_id=task_id, scopes=scopes, rate=limits.rate,
-                                holder=self.holder, ttl=self.lease_ttl, now=self._clock(),
-                                when_busy=limits.when_busy, message=_parked(queue, task_id, message))
-        if answer.made_ready:
+            answers = store.take_batch(conn, [ask for _, ask, _ in asks], parked, holder=self.holder,
+                                       ttl=self.lease_ttl, now=self._clock())
+        wake = False
+        for (index, ask, limits), answer in zip(asks, answers):
+            queue, message = items[index]
+            out[index] = self._act(queue, message, ask, limits, answer)
+            wake = wake or bool(answer.made_ready) or answer.publish_at is not None
+        if wake:
             self.wake_dispatcher()
+        return out
+
+    def _act(self, queue: str, message: Any, ask: LimitAsk, limits: TaskLimits, answer: store.Answer) -> Admission:
         if answer.verdict == RUN:
-            grant = Grant(limits.task, task_id, scopes, limits, answer.holds_rate_turn)
+            grant = Grant(ask.task, ask.task_id, ask.scopes, limits, answer.holds_rate_turn)
             with self._lock:
-                self._grants[task_id] = grant
+                self._grants[ask.task_id] = grant
             return Admission(RUN, grant)
         _ack(message)
         if answer.verdict == DROP:
             self.dropped += 1
             jobs.count(queue, "dropped")
-            logger.info("durable.limit.dropped task=%s id=%s scope=%s: its key is busy and the task drops "
-                        "when busy", limits.task, task_id, answer.busy.key if answer.busy else "",
-                        extra={"event": "durable.limit.dropped", "task_id": task_id})
+            logger.info("durable.limit.dropped task=%s id=%s key=%s: busy, and the task drops when busy",
+                        ask.task, ask.task_id, answer.busy.key if answer.busy else "",
+                        extra={"event": "durable.limit.dropped", "task_id": ask.task_id})
             return Admission(DROP)
         self.waited += 1
-        if answer.publish_at is not None:
-            self.wake_dispatcher()
-        logger.debug("durable.limit.waiting task=%s id=%s", limits.task, task_id)
         return Admission(WAIT)
 
     def release(self, grant: Grant, *, started: bool) -> None:

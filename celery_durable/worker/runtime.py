@@ -87,11 +87,14 @@ class WorkerRuntime:
         queues: Callable[[], Sequence[Any]],
         accept: Any,
         schedule: Callable[[Callable[[], None]], None] | None = None,
+        schedule_on_loop: Callable[[Callable[[], None]], None] | None = None,
     ) -> Claimer:
         """A claimer for ``connection`` (closing the last one), and its timers in ``self.timers``.
 
         ``schedule`` runs a callable soon on the loop thread (Celery's
         ``hub.call_soon``); without one, kicks wait for :meth:`run_scheduled`.
+        ``schedule_on_loop`` does the same from the loop thread itself (a hub
+        timer due now), where ``call_soon`` would wait for the next poll.
         """
         if self.claimer is not None:
             self.claimer.close()
@@ -110,6 +113,7 @@ class WorkerRuntime:
             before_pass=self.admit_due,
             new_fetcher=self._new_fetcher,
             gate=self.gate,
+            schedule_on_loop=schedule_on_loop,
         )
         self.claimer = claimer
         timers: list[Timer] = [(self.config.safety_interval, claimer.kick)]
@@ -318,6 +322,9 @@ class WorkerRuntime:
             "claimed_by_passes": self.claimer.claimed_by_passes if self.claimer is not None else 0,
             "claimed_by_idle_wait": self.claimer.claimed_by_idle_wait if self.claimer is not None else 0,
             "claim_round_trips": self.claimer.round_trips if self.claimer is not None else 0,
+            # Fleet limits: the leases this worker holds (task -> key, "*" for durable_concurrency -> runs),
+            # and the messages its gate parked to wait their turn or dropped as busy.
             "leases": self.gate.held() if self.gate is not None else {},
-            "limited_away": self.claimer.limited_away if self.claimer is not None else 0,
+            "limits_waited": self.gate.waited if self.gate is not None else 0,
+            "limits_dropped": self.gate.dropped if self.gate is not None else 0,
         }

@@ -23,9 +23,9 @@ def _run(task: Any, label: str, seconds: float) -> str:
     return label
 
 
-@app.task(name="limits.export", bind=True, durable_concurrency=3)
+@app.task(name="limits.export", bind=True, durable_concurrency=3, acks_late=True)
 def export(self: Any, label: str, seconds: float = 0.0) -> str:
-    """At most 3 at once across every worker."""
+    """At most 3 at once across every worker; acked late, so a killed worker's run is delivered again."""
     return _run(self, label, seconds)
 
 

@@ -614,7 +614,8 @@ def test_stats_report_the_claim_state(connection, make_worker):
         "claimed_by_passes": 3,
         "claimed_by_idle_wait": 0,
         "leases": {},  # no task declares a fleet limit: no gate
-        "limited_away": 0,
+        "limits_waited": 0,
+        "limits_dropped": 0,
     }
 
 
