@@ -108,3 +108,60 @@ def _store_url(app: Any) -> str:
     except ConfigInvalid as err:
         raise click.ClickException(str(err)) from None
     return store_url(app)
+
+
+@durable.command(cls=CeleryCommand, name="limits")
+@click.option("--json", "as_json", is_flag=True, help="one JSON document instead of the table")
+@click.pass_context
+def limits(ctx: click.Context, as_json: bool) -> None:
+    """Each fleet limit the app's tasks declare, the leases held now and the messages waiting."""
+    from celery_durable.planning import limit_declarations
+    from celery_durable.store import limits as limit_store
+    from celery_durable.store.engine import autocommit, engine_for, store_exists, unavailable_as_error
+    from celery_durable.store.runs import now
+
+    app = ctx.obj.app
+    app.loader.import_default_modules()
+    try:
+        declared = limit_declarations.of_app(app)
+    except limit_declarations.LimitInvalid as err:
+        raise click.ClickException(str(err)) from None
+    url = _store_url(app)
+    holders: list[dict[str, Any]] = []
+    waiting: list[tuple[str, str, str, int]] = []
+    if store_exists(url):
+        try:
+            with unavailable_as_error(url), autocommit(engine_for(url)).connect() as conn:
+                at = now()
+                holders = [h for h in limit_store.holders(conn, at) if h["kind"] != limit_store.RATE_KIND]
+                waiting = limit_store.waiting_counts(conn)
+        except Exception as err:  # noqa: BLE001 - one line naming the store, no traceback
+            raise click.ClickException(str(err).splitlines()[0]) from None
+    report: list[dict[str, Any]] = []
+    for name, task_limits in declared.items():
+        report.append({
+            "task": name,
+            "concurrency": task_limits.concurrency,
+            "key_limit": task_limits.key_limit if task_limits.key is not None else None,
+            "when_busy": task_limits.when_busy,
+            "rate": (f"{task_limits.rate.count}/{int(task_limits.rate.period)}s"
+                     if task_limits.rate is not None else None),
+            "held": [{"key": h["key"] if h["kind"] == "key" else "*", "task_id": h["task_id"],
+                      "holder": h["holder"] or "(booked for a waiting message)",
+                      "expires_at": h["expires_at"].isoformat()} for h in holders if h["task_name"] == name],
+            "waiting": sum(count for task, _, _, count in waiting if task == name),
+        })
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    if not report:
+        click.echo("no task of this app declares a fleet limit")
+        return
+    for entry in report:
+        declared_parts = [f"{label}={entry[field]}" for field, label in
+                          (("concurrency", "concurrency"), ("key_limit", "per key"), ("rate", "rate"))
+                          if entry[field] is not None]
+        click.echo(f"{entry['task']}: {', '.join(declared_parts)}, when busy: {entry['when_busy']}; "
+                   f"{len(entry['held'])} held, {entry['waiting']} waiting")
+        for held in entry["held"]:
+            click.echo(f"  {held['key']:<24} {held['task_id']:<40} {held['holder']}")

@@ -37,6 +37,28 @@ def forget_unacked(pipe: Any, channel_qos: Any, tag: Any) -> None:
     pipe.zrem(channel_qos.unacked_index_key, tag)
 
 
+def ack_many(messages: list[Any]) -> None:
+    """Ack claimed Redis messages of one channel in one pipeline, as kombu's ``QoS.ack`` does one by one.
+
+    kombu's ack is a pipeline per message (and a client checkout each); a
+    claim pass that parks a batch of limited messages acks them together:
+    their unacked records go in one round trip, then each message is marked
+    acked as ``Message.ack`` would (``virtual.QoS.ack`` and the message state).
+    """
+    if not messages:
+        return
+    channel = messages[0].channel
+    qos = channel.qos
+    with channel.conn_or_acquire() as client:
+        pipe = client.pipeline()
+        for message in messages:
+            forget_unacked(pipe, qos, message.delivery_tag)
+        pipe.execute()
+    for message in messages:
+        virtual.QoS.ack(qos, message.delivery_tag)
+        message._state = "ACK"
+
+
 def renew_unacked(client: Any, channel_qos: Any, scores: dict[Any, float]) -> None:
     """Move the claim time of tags still unacked to ``scores`` (XX: a tag already restored is not re-added)."""
     client.zadd(channel_qos.unacked_index_key, scores, xx=True)

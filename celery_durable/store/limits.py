@@ -93,8 +93,12 @@ def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[Wa
     rated = sorted({ask.task for ask in asks if ask.rate is not None})
     _lock(conn, [_scope_lock(s.task, s.kind, s.key) for s in scopes] + [_scope_lock(t, RATE_KIND, "") for t in rated])
     task_ids = [ask.task_id for ask in asks]
-    parked_ids = set(conn.execute(sa.select(waiting.c.task_id).where(waiting.c.task_id.in_(task_ids),
-                                                                     waiting.c.publish_at.is_(None))).scalars())
+    # Ids with a row already: parked (publish_at NULL: this is another copy of it), or
+    # made ready and not yet published (its row will publish it: nothing more to park).
+    already: dict[str, datetime | None] = {
+        task_id: publish_at for task_id, publish_at in conn.execute(
+            sa.select(waiting.c.task_id, waiting.c.publish_at).where(waiting.c.task_id.in_(task_ids)))}
+    parked_ids = {task_id for task_id, publish_at in already.items() if publish_at is None}
     states = {scope: _read_scope(conn, scope, now) for scope in scopes}
     rate_booked: set[tuple[str, str]] = set()
     tats: dict[str, datetime | None] = {}
@@ -124,9 +128,10 @@ def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[Wa
                                        for task, task_id, start_at in plan.rate_bookings])
     for task, tat in plan.tats.items():
         _set_tat(conn, task, tat)
-    if plan.parked:
-        _park(conn, [_parked_row(asks[index], scope, messages[index], now, publish_at)
-                     for index, scope, publish_at in plan.parked])
+    rows = {messages[index].task_id: _parked_row(asks[index], scope, messages[index], now, publish_at)
+            for index, scope, publish_at in plan.parked if messages[index].task_id not in already}
+    if rows:
+        _park(conn, list(rows.values()))
     if made_ready:
         _notify(conn)
     return [Answer(d.verdict, busy=d.busy, publish_at=d.publish_at, holds_rate_turn=d.holds_rate_turn,
@@ -229,14 +234,23 @@ def holders(conn: Connection, now: datetime) -> list[dict[str, Any]]:
 
 # -- inside one scope's lock --------------------------------------------------------------------
 def _read_scope(conn: Connection, scope: Scope, now: datetime) -> ScopeState:
-    """The scope's live leases and waiters, its expired leases deleted first (their holders died)."""
-    conn.execute(leases.delete().where(*_in_scope(scope), leases.c.expires_at < now))
-    rows = conn.execute(sa.select(leases.c.task_id, leases.c.holder).where(*_in_scope(scope))).all()
-    waiters = conn.execute(sa.select(sa.func.count()).select_from(waiting).where(
-        waiting.c.task_name == scope.task, waiting.c.kind == scope.kind, waiting.c.key == scope.key,
-        waiting.c.publish_at.is_(None))).scalar_one()
-    return ScopeState(live=len(rows), booked={tid for tid, holder in rows if holder is None},
-                      held={tid for tid, holder in rows if holder is not None}, waiting=int(waiters))
+    """The scope's live leases, and its waiters when it has room (a full scope never needs them).
+
+    Leases whose holder died (expired) are deleted, only when there are some:
+    one statement reads a full scope, which is what a flood of waiting messages meets.
+    """
+    rows = conn.execute(sa.select(leases.c.task_id, leases.c.holder, leases.c.expires_at)
+                        .where(*_in_scope(scope))).all()
+    live = [(tid, holder) for tid, holder, expires in rows if (_aware(expires) or now) >= now]
+    if len(live) < len(rows):
+        conn.execute(leases.delete().where(*_in_scope(scope), leases.c.expires_at < now))
+    waiters = 0
+    if len(live) < scope.limit:
+        waiters = conn.execute(sa.select(sa.func.count()).select_from(waiting).where(
+            waiting.c.task_name == scope.task, waiting.c.kind == scope.kind, waiting.c.key == scope.key,
+            waiting.c.publish_at.is_(None))).scalar_one()
+    return ScopeState(live=len(live), booked={tid for tid, holder in live if holder is None},
+                      held={tid for tid, holder in live if holder is not None}, waiting=int(waiters))
 
 
 def _make_ready(conn: Connection, scope: Scope, count: int, ttl: float, now: datetime) -> int:
@@ -272,12 +286,10 @@ def _parked_row(ask: LimitAsk, scope: Scope | None, message: WaitingMessage, now
 
 
 def _park(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
-    # A row for this id already on its way out (made ready, not yet published) carries the message.
-    conn.execute(insert(waiting).on_conflict_do_nothing(index_elements=["task_id"]), rows)
+    # A plain INSERT: SQLAlchemy caches it and sends the rows as one multi-row
+    # statement. The batch left out the ids already parked (take_batch read them
+    # under the scopes' locks), so the unique task id is not expected to clash.
+    conn.execute(waiting.insert(), rows)
 
 
 def _scope_order(scope: Scope) -> tuple[str, str, str]:

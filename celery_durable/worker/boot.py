@@ -162,9 +162,9 @@ def _refuse_limits_unchecked(worker: Any) -> None:
         raise SystemExit(f"celery_durable: refusing to start: {err}") from None
     for name, task_limits in limits.items():
         option = declarations.first_option(task_limits)
+        pool = worker.pool_cls if isinstance(worker.pool_cls, str) else worker.pool_cls.__module__.rsplit(".", 1)[-1]
         message = (f"task {name!r} declares {option}, which only a -P durable worker enforces; "
-                   f"this worker (-P {worker.pool_cls if isinstance(worker.pool_cls, str) else 'custom'}) "
-                   f"would run it unchecked")
+                   f"this worker (-P {pool}) would run it unchecked")
         logger.error("durable.limit.unenforced: %s", message)
         raise SystemExit(f"celery_durable: refusing to start: {message}")
 

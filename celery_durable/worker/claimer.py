@@ -80,7 +80,6 @@ class Claimer:
         before_pass: Callable[[], None] = lambda: None,
         new_fetcher: Callable[[Any, Any], Fetcher] = fetcher_for,
         gate: LimitGate | None = None,
-        schedule_on_loop: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         self._connection = connection
         self._gate = gate
@@ -88,8 +87,6 @@ class Claimer:
         self.held = held
         self._accept = accept
         self._schedule = schedule
-        self._schedule_on_loop = schedule_on_loop
-        self._loop_thread: int | None = None
         self._stop_requested = stop_requested
         self._before_pass = before_pass
         self._new_fetcher = new_fetcher
@@ -124,7 +121,6 @@ class Claimer:
         return self.running and not self._stop_requested()
 
     def start(self) -> None:
-        self._loop_thread = threading.get_ident()
         self._claim_channel = self._connection.channel()
         self._fetcher = self._new_fetcher(self._claim_channel, self._accept)
         # What the fetcher can do is asked once: an isinstance against a
@@ -164,13 +160,7 @@ class Claimer:
             if self._kick_pending:
                 return
             self._kick_pending = True
-        if self._schedule_on_loop is not None and threading.get_ident() == self._loop_thread:
-            # From the loop thread itself (a pass, an idle delivery): Celery's hub
-            # runs call_soon callbacks only after its next poll, which may wait out
-            # the next timer (up to a second); a timer due now ends that poll.
-            self._schedule_on_loop(self._kicked)
-        else:
-            self._schedule(self._kicked)
+        self._schedule(self._kicked)
 
     def _kicked(self) -> None:
         with self._kick_lock:

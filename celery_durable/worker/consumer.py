@@ -17,6 +17,7 @@ from celery_durable.store.engine import resolve_url
 from celery_durable.worker.boot import config_for, limits_for
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.limit_gate import LimitDispatcher, LimitGate
+from celery_durable.worker.loop_kicks import LoopKicks
 from celery_durable.worker.runtime import WorkerRuntime
 
 
@@ -61,6 +62,7 @@ class DurableConsumer(ConsumerHooks):
         # Kept as attributes: the e2e harness and remote control read them.
         self.held = self.runtime.held
         self.drain = self.runtime.drain
+        self._kicks: LoopKicks | None = None
         self.pool.run_listener = self.runtime
         self.pool.drain = self.drain
         signals.task_received.connect(self._on_task_received, sender=self, weak=False)
@@ -75,6 +77,13 @@ class DurableConsumer(ConsumerHooks):
     def claimer(self) -> Claimer | None:
         return self.runtime.claimer
 
+    def _loop_kicks(self, hub: Any) -> LoopKicks | None:
+        # One per connection: Celery resets its hub (forgetting every fd) when it reconnects.
+        if self._kicks is not None:
+            self._kicks.close()
+        self._kicks = LoopKicks(hub) if hub is not None else None
+        return self._kicks
+
     def new_claimer(self, connection: Any, hub: Any) -> Claimer:
         gate = self.runtime.gate
         if gate is not None and gate.dispatcher is not None:
@@ -83,8 +92,7 @@ class DurableConsumer(ConsumerHooks):
             connection,
             queues=lambda: list(self.app.amqp.queues.consume_from.values()),
             accept=self.app.conf.accept_content,
-            schedule=hub.call_soon if hub is not None else None,
-            schedule_on_loop=(lambda fn: hub.call_later(0, fn)) if hub is not None else None,
+            schedule=self._loop_kicks(hub),
         )
         if hub is not None:
             for interval, fn in self.runtime.timers:

@@ -22,8 +22,10 @@ from typing import Any
 
 from kombu.utils import json as kombu_json
 
+from celery_durable.compat.redis_claim import ack_many
 from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.metrics import jobs
+from celery_durable.metrics import limits as limit_metrics
 from celery_durable.planning.limit_declarations import KeyFunctionFailed, Scope, TaskLimits
 from celery_durable.planning.limits import DROP, FAIL, RUN, WAIT, LimitAsk
 from celery_durable.store import limits as store
@@ -79,6 +81,7 @@ class LimitGate:
         self.dropped = 0
         ensure_schema(url)
         keeper().hold_limits(url, self.holder, lease_ttl)
+        limit_metrics.watch(url, tuple(self.limits))
 
     # -- admission -----------------------------------------------------------------------
     def is_limited(self, message: Any) -> bool:
@@ -113,10 +116,15 @@ class LimitGate:
             answers = store.take_batch(conn, [ask for _, ask, _ in asks], parked, holder=self.holder,
                                        ttl=self.lease_ttl, now=self._clock())
         wake = False
+        settled: list[Any] = []
         for (index, ask, limits), answer in zip(asks, answers):
             queue, message = items[index]
             out[index] = self._act(queue, message, ask, limits, answer)
+            if answer.verdict != RUN:
+                settled.append(message)
             wake = wake or bool(answer.made_ready) or answer.publish_at is not None
+        # Parked or dropped: the store has them (or they are done with); the broker lets them go.
+        _ack_all(settled)
         if wake:
             self.wake_dispatcher()
         return out
@@ -127,7 +135,6 @@ class LimitGate:
             with self._lock:
                 self._grants[ask.task_id] = grant
             return Admission(RUN, grant)
-        _ack(message)
         if answer.verdict == DROP:
             self.dropped += 1
             jobs.count(queue, "dropped")
@@ -180,6 +187,7 @@ class LimitGate:
     def close(self) -> None:
         """The worker is leaving: what it still holds goes back, so waiters need not wait out a TTL."""
         keeper().release_limits(self.url, self.holder)
+        limit_metrics.unwatch(self.url)
         try:
             with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
                 store.release_holder(conn, self.holder)
@@ -296,6 +304,20 @@ class LimitDispatcher:
 def _ack(message: Any) -> None:
     if not message.acknowledged:
         message.ack()
+
+
+def _ack_all(messages: list[Any]) -> None:
+    """Ack ``messages``: Redis ones of one channel in one round trip, others one by one."""
+    pending = [message for message in messages if not message.acknowledged]
+    by_channel: dict[int, list[Any]] = {}
+    for message in pending:
+        by_channel.setdefault(id(message.channel), []).append(message)
+    for group in by_channel.values():
+        if group[0].channel.connection.client.transport.driver_type == "redis":
+            ack_many(group)
+        else:
+            for message in group:
+                message.ack()
 
 
 def _arguments(message: Any) -> tuple[Any, Any]:

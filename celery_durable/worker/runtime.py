@@ -87,14 +87,11 @@ class WorkerRuntime:
         queues: Callable[[], Sequence[Any]],
         accept: Any,
         schedule: Callable[[Callable[[], None]], None] | None = None,
-        schedule_on_loop: Callable[[Callable[[], None]], None] | None = None,
     ) -> Claimer:
         """A claimer for ``connection`` (closing the last one), and its timers in ``self.timers``.
 
         ``schedule`` runs a callable soon on the loop thread (Celery's
-        ``hub.call_soon``); without one, kicks wait for :meth:`run_scheduled`.
-        ``schedule_on_loop`` does the same from the loop thread itself (a hub
-        timer due now), where ``call_soon`` would wait for the next poll.
+        ``LoopKicks``, a self-pipe the hub polls); without one, kicks wait for :meth:`run_scheduled`.
         """
         if self.claimer is not None:
             self.claimer.close()
@@ -113,7 +110,6 @@ class WorkerRuntime:
             before_pass=self.admit_due,
             new_fetcher=self._new_fetcher,
             gate=self.gate,
-            schedule_on_loop=schedule_on_loop,
         )
         self.claimer = claimer
         timers: list[Timer] = [(self.config.safety_interval, claimer.kick)]
