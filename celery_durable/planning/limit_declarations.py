@@ -86,21 +86,28 @@ class TaskLimits:
     when_busy: str = WAIT
     rate: Rate | None = None
 
-    def scopes(self, args: Any, kwargs: Any) -> tuple[Scope, ...]:
-        """The scopes a run with these arguments needs a lease in (key function called here)."""
+    def scopes(self, args: Any, kwargs: Any, given_key: Any = None) -> tuple[Scope, ...]:
+        """The scopes a run with these arguments needs a lease in (key function called here).
+
+        ``given_key`` is a key the message names itself (its ``durable_key``
+        header, from ``apply_async(headers=...)``): it replaces the function's.
+        """
         scopes = []
         if self.concurrency is not None:
             scopes.append(Scope(self.task, TASK_SCOPE, "", self.concurrency))
         if self.key is not None:
-            scopes.append(Scope(self.task, KEY_SCOPE, self._key_of(args, kwargs), self.key_limit))
+            scopes.append(Scope(self.task, KEY_SCOPE, self._key_of(args, kwargs, given_key), self.key_limit))
         return tuple(scopes)
 
-    def _key_of(self, args: Any, kwargs: Any) -> str:
+    def _key_of(self, args: Any, kwargs: Any, given_key: Any) -> str:
         assert self.key is not None
-        try:
-            key = self.key(*(args or ()), **(kwargs or {}))
-        except Exception as err:  # noqa: BLE001 - any error of the user's function fails the run, named
-            raise KeyFunctionFailed(f"task {self.task!r}: {KEY} raised {err!r}") from err
+        if given_key is not None:
+            key = given_key
+        else:
+            try:
+                key = self.key(*(args or ()), **(kwargs or {}))
+            except Exception as err:  # noqa: BLE001 - any error of the user's function fails the run, named
+                raise KeyFunctionFailed(f"task {self.task!r}: {KEY} raised {err!r}") from err
         if not isinstance(key, str) or not key:
             raise KeyFunctionFailed(f"task {self.task!r}: {KEY} must return a non-empty string, got {key!r}")
         if len(key) > MAX_KEY_LENGTH:

@@ -35,6 +35,9 @@ from celery_durable.store.runs import now as utc_now
 
 logger = logging.getLogger("celery_durable.limits")
 
+#: The header a call may name its key in (``apply_async(headers={"durable_key": "org:7"})``).
+KEY_HEADER = "durable_key"
+
 #: Message properties a parked message keeps (the rest are the broker's, per delivery).
 _KEPT_PROPERTIES = ("priority", "correlation_id", "reply_to", "delivery_mode")
 
@@ -101,9 +104,12 @@ class LimitGate:
             if limits is None:
                 continue
             task_id = str(headers.get("id"))
-            args, kwargs = _arguments(message)
             try:
-                scopes = limits.scopes(args, kwargs)
+                args, kwargs = _arguments(message)
+            except Exception:  # noqa: BLE001 - a body Celery cannot read either: its strategy parks it
+                continue
+            try:
+                scopes = limits.scopes(args, kwargs, headers.get(KEY_HEADER))
             except KeyFunctionFailed as err:
                 self._fail(limits.task, task_id, queue, message, err)
                 out[index] = Admission(FAIL)

@@ -7,6 +7,11 @@ ends in Redis, so the concurrency asserted is the one the runs saw.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +20,9 @@ import sqlalchemy as sa
 
 from celery_durable.store.engine import engine_for
 from tests.e2e.durable_support import conf, durable_scenario  # noqa: F401 - durable_scenario is a fixture
-from tests.e2e.harness import Scenario, WorkerProcess, wait_for
+from tests.e2e.harness import REPO, Scenario, WorkerProcess, wait_for
+from tests.e2e.metrics_ports import free_port, metrics_text
+from tests.services import broker_url
 
 APP = "tests.e2e.limitsapp"
 
@@ -97,7 +104,7 @@ def test_a_busy_key_does_not_hold_back_other_keys_on_the_same_queue(durable_scen
         s.send_task("q", "limits.sync_plain", ["A", f"a{i}", 0.0])
     b_sent = {}
     for i in range(10):
-        b_sent[s.send_task("q", "limits.sync_plain", ["B", f"b{i}", 0.0])] = __import__("time").time()
+        b_sent[s.send_task("q", "limits.sync_plain", ["B", f"b{i}", 0.0])] = time.time()
     wait_for(lambda: len(s.labelled("start", "b")) == 10, timeout=30, what="org B's 10 runs to start")
     b_latency = sorted(e["t"] - b_sent[e["id"]] for e in s.labelled("start", "b"))
     assert b_latency[-1] < 1.0, b_latency
@@ -220,7 +227,7 @@ def _assert_refused_in_one_line(worker: WorkerProcess, *needles: str) -> None:
 def test_a_bad_limit_value_refuses_the_boot_naming_the_task_and_option(durable_scenario, monkeypatch, options,
                                                                        option, problem):
     s, url = durable_scenario("sqlite", "redis")
-    monkeypatch.setenv("E2E_LIMIT_OPTIONS", __import__("json").dumps(options))
+    monkeypatch.setenv("E2E_LIMIT_OPTIONS", json.dumps(options))
     worker = s.worker(app="tests.e2e.limitsbadapp", conf=conf(url), queues=["q"])
     _assert_refused_in_one_line(worker, "'limits.bad'", option, problem)
 
@@ -237,3 +244,66 @@ def test_a_limited_task_on_a_stock_pool_is_refused_rather_than_run_unchecked(dur
     worker = s.worker(app=APP, conf=conf(url), queues=["q"], pool="prefork")
     _assert_refused_in_one_line(worker, "limits.", "only a -P durable worker enforces", "-P prefork")
     assert s.started() == [] and s.broker_depth("q") == 1
+
+
+def test_a_countdown_run_takes_its_lease_when_due_and_waits_if_the_limit_is_held(durable_scenario):
+    """An ETA message holds no lease while it waits for its time; when due it meets the limit like any other."""
+    s, url = durable_scenario("postgresql", "redis")
+    worker = s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=4).wait_ready()
+    s.send_task("q", "limits.gated", ["holder"])
+    wait_for(lambda: s.labelled("start", "holder"), timeout=10, what="the holder to start")
+    s.send_task("q", "limits.gated", ["later"], countdown=1)
+    # Due while the holder runs: it goes to wait in the store, holding no slot.
+    wait_for(lambda: worker.durable_stats()["limits_waited"] == 1, timeout=10, what="the due run to wait")
+    assert worker.durable_stats()["in_flight"] == 1
+    assert not s.labelled("start", "later")
+    s.open_gate(count=2)
+    wait_for(lambda: s.labelled("end", "later"), timeout=10, what="the countdown run to run after the holder")
+    assert running_peak([e for e in s.events()]) == 1
+
+
+def _limits_command(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "E2E_BROKER": broker_url("redis"),
+           "E2E_CONF": json.dumps(conf(url))}
+    return subprocess.run([sys.executable, "-m", "celery", "-A", APP, "durable", "limits", *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_held_and_waiting_show_in_stats_gauges_and_the_limits_command(durable_scenario):
+    s, url = durable_scenario("postgresql", "redis")
+    port = free_port()
+    worker = s.worker(app=APP, conf=conf(url, durable_metrics_port=port), queues=["q"], concurrency=4)
+    worker.wait_ready()
+    holder = s.send_task("q", "limits.gated", ["holder"])
+    for i in range(2):
+        s.send_task("q", "limits.gated", [f"w{i}"])
+    wait_for(lambda: worker.durable_stats()["limits_waited"] == 2, timeout=10, what="two runs waiting")
+    assert worker.durable_stats()["leases"] == {"limits.gated": {"*": 1}}
+    text = metrics_text(port)
+    assert 'durable_limit_in_use{task="limits.gated"} 1.0' in text, text
+    assert 'durable_limit_waiting{task="limits.gated"} 2.0' in text, text
+    assert 'durable_limit_in_use{task="limits.export"} 0.0' in text, "a declared limit shows even when idle"
+    shown = _limits_command(url)
+    assert shown.returncode == 0, shown.stderr
+    assert "limits.gated: concurrency=1, when busy: wait; 1 held, 2 waiting" in shown.stdout, shown.stdout
+    assert holder in shown.stdout
+    report = {entry["task"]: entry for entry in json.loads(_limits_command(url, "--json").stdout)}
+    assert report["limits.partner"]["rate"] == "100/60s" and report["limits.gated"]["waiting"] == 2
+    s.open_gate(count=3)
+    wait_for(lambda: len(s.labelled("end", "")) == 3, timeout=10, what="all three to run")
+    wait_for(lambda: 'durable_limit_in_use{task="limits.gated"} 0.0' in metrics_text(port), timeout=5,
+             what="the gauge to read 0 once all ran")
+
+
+def test_a_call_may_name_its_key_in_a_header(durable_scenario):
+    """``apply_async(headers={"durable_key": ...})`` replaces the key function's key for that message."""
+    s, url = durable_scenario("postgresql", "redis")
+    worker = s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=4).wait_ready()
+    first = s.send_task("q", "limits.debounce", ["o1", "first", 1.0])
+    wait_for(lambda: s.labelled("start", "first"), timeout=10, what="the first run to start")
+    same_key = s.send_task("q", "limits.debounce", ["o2", "same", 0.0], headers={"durable_key": "org:o1"})
+    other_key = s.send_task("q", "limits.debounce", ["o1", "other", 0.0], headers={"durable_key": "org:zz"})
+    wait_for(lambda: s.labelled("end", "other"), timeout=10, what="the run with another key to run")
+    wait_for(lambda: worker.durable_stats()["limits_dropped"] == 1, timeout=10, what="the same key to drop")
+    assert {e["id"] for e in s.started()} == {first, other_key}
+    assert same_key not in {e["id"] for e in s.started()}

@@ -200,3 +200,11 @@ def test_a_message_back_with_its_booked_turn_runs_without_booking_another():
     plan = plan_batch([_ask("r1", rate=rate)], {}, set(), {("t", "r1")}, {"t": T0 + timedelta(seconds=5)}, T0)
     assert plan.decisions[0].verdict == RUN and plan.decisions[0].holds_rate_turn
     assert plan.used_rate_bookings == [("t", "r1")] and plan.tats == {}
+
+
+def test_a_key_named_by_the_message_replaces_the_functions_and_is_checked_the_same():
+    limits = declared("t", {"durable_key": lambda org: f"org:{org}"})
+    assert limits is not None
+    assert limits.scopes(["a"], {}, "org:zz") == (Scope("t", "key", "org:zz", 1),)
+    with pytest.raises(KeyFunctionFailed, match="non-empty string"):
+        limits.scopes(["a"], {}, 7)
