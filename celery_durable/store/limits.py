@@ -67,6 +67,16 @@ class Answer:
 
 
 @dataclass(frozen=True)
+class Return:
+    """A run's leases going back: its scopes, and its rate turn if it never started."""
+
+    task: str
+    task_id: str
+    scopes: tuple[Scope, ...]
+    give_back_turn: Rate | None = None
+
+
+@dataclass(frozen=True)
 class ReadyMessage:
     """A waiting message due to be published."""
 
@@ -138,20 +148,29 @@ def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[Wa
                    made_ready=made_ready) for d in plan.decisions]
 
 
-def release(conn: Connection, *, task: str, task_id: str, scopes: Sequence[Scope], holder: str,
-            give_back_turn: Rate | None, ttl: float, now: datetime) -> int:
-    """Drop ``task_id``'s leases (and its rate turn, if it never started); make waiters ready. Returns how many."""
-    _lock(conn, [_scope_lock(s.task, s.kind, s.key) for s in scopes]
-          + ([_scope_lock(task, RATE_KIND, "")] if give_back_turn is not None else []))
-    for scope in scopes:
-        conn.execute(leases.delete().where(*_in_scope(scope), leases.c.task_id == task_id,
-                                           leases.c.holder == holder))
-    if give_back_turn is not None:
-        _give_back_turn(conn, task, give_back_turn)
+def release(conn: Connection, returns: Sequence[Return], *, holder: str, ttl: float, now: datetime) -> int:
+    """Drop the runs' leases (and the rate turns of runs that never started); make waiters ready.
+
+    One transaction for every return given (returns the store refused are
+    tried again together). Returns how many waiters were made ready.
+    """
+    scopes = sorted({scope for ret in returns for scope in ret.scopes}, key=_scope_order)
+    turns = sorted({ret.task for ret in returns if ret.give_back_turn is not None})
+    _lock(conn, [_scope_lock(s.task, s.kind, s.key) for s in scopes] + [_scope_lock(t, RATE_KIND, "") for t in turns])
+    _drop_returned(conn, returns, holder)
     made_ready = sum(_room(conn, scope, ttl, now) for scope in scopes)
     if made_ready:
         _notify(conn)
     return made_ready
+
+
+def _drop_returned(conn: Connection, returns: Sequence[Return], holder: str) -> None:
+    for ret in returns:
+        for scope in ret.scopes:
+            conn.execute(leases.delete().where(*_in_scope(scope), leases.c.task_id == ret.task_id,
+                                               leases.c.holder == holder))
+        if ret.give_back_turn is not None:
+            _give_back_turn(conn, ret.task, ret.give_back_turn)
 
 
 def sweep(conn: Connection, limits: dict[tuple[str, str], int], ttl: float, now: datetime) -> int:
@@ -316,10 +335,13 @@ def _scope_lock(task: str, kind: str, key: str) -> str:
 
 
 def _lock(conn: Connection, names: list[str]) -> None:
-    if conn.dialect.name != "postgresql":
+    if conn.dialect.name != "postgresql" or not names:
         return  # SQLite: BEGIN IMMEDIATE holds the only write lock
-    for name in sorted(set(names)):
-        conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))"), {"name": name})
+    # One statement, the locks taken left to right in one sorted order (no two
+    # transactions can wait on each other's).
+    ordered = sorted(set(names))
+    calls = ", ".join(f"pg_advisory_xact_lock(hashtextextended(:n{i}, 0))" for i in range(len(ordered)))
+    conn.execute(sa.text(f"SELECT {calls}"), {f"n{i}": name for i, name in enumerate(ordered)})
 
 
 def _notify(conn: Connection) -> None:

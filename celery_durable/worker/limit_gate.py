@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -152,21 +153,32 @@ class LimitGate:
         return Admission(WAIT)
 
     def release(self, grant: Grant, *, started: bool) -> None:
-        """Give ``grant``'s leases back; a run that never started gives back its rate turn too."""
+        """Give ``grant``'s leases back (a run that never started, its rate turn too).
+
+        Called wherever a run's count goes back, before that count can be
+        claimed again: a slot the worker frees is free in the store first (given
+        back later, the next claim would find the scope full and wait for nothing).
+        """
         with self._lock:
             if self._grants.get(grant.task_id) is grant:
                 del self._grants[grant.task_id]
         give_back_turn = grant.limits.rate if grant.holds_rate_turn and not started else None
         if not grant.scopes and give_back_turn is None:
             return
+        self.give_back_now([store.Return(grant.task, grant.task_id, grant.scopes, give_back_turn)])
+
+    def give_back_now(self, returns: list[store.Return]) -> None:
+        """The store transaction of :meth:`release`, for several returns at once."""
         try:
             with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
-                made_ready = store.release(conn, task=grant.task, task_id=grant.task_id, scopes=grant.scopes,
-                                           holder=self.holder, give_back_turn=give_back_turn,
-                                           ttl=self.lease_ttl, now=self._clock())
-        except Exception as err:  # noqa: BLE001 - reported; the lease expires one TTL after the last renewal
-            logger.warning("durable.limit.release_failed task=%s id=%s error=%s: the lease is kept until it "
-                           "expires", grant.task, grant.task_id, err)
+                made_ready = store.release(conn, returns, holder=self.holder, ttl=self.lease_ttl, now=self._clock())
+        except Exception as err:  # noqa: BLE001 - reported, and tried again: the heartbeat would keep them held
+            retry = self.dispatcher is not None and self.dispatcher.running
+            logger.warning("durable.limit.release_failed ids=%s error=%s: %s", ",".join(r.task_id for r in returns),
+                           err, "tried again at the dispatcher's next round" if retry else
+                           "the leases are held until this worker stops")
+            if retry and self.dispatcher is not None:
+                self.dispatcher.give_back_later(returns)
             return
         if made_ready:
             self.wake_dispatcher()
@@ -239,6 +251,7 @@ class LimitDispatcher:
         self.batch_size = batch_size
         self.published = 0
         self._stopping = threading.Event()
+        self._returns: deque[store.Return] = deque()
         engine = engine_for(gate.url)
         self._waker = Waker(engine if engine.dialect.name == "postgresql" else None, store.CHANNEL)
         self._thread: threading.Thread | None = None
@@ -251,14 +264,34 @@ class LimitDispatcher:
         self._thread = threading.Thread(target=self._run, name="durable-limit-dispatcher", daemon=True)
         self._thread.start()
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping.is_set()
+
     def wake(self) -> None:
         self._waker.wake()
+
+    def give_back_later(self, returns: list[store.Return]) -> None:
+        """Returns the store refused: tried again at each round until it takes them (the heartbeat
+        renews every lease this worker holds, so a lease not given back would never expire)."""
+        self._returns.extendleft(reversed(returns))
 
     def stop(self) -> None:
         self._stopping.set()
         self._waker.wake()
         if self._thread is not None:
             self._thread.join(10.0)
+        self._give_back_queued()
+
+    def _give_back_queued(self) -> None:
+        returns = []
+        while True:
+            try:
+                returns.append(self._returns.popleft())
+            except IndexError:
+                break
+        if returns:
+            self.gate.give_back_now(returns)
 
     def _run(self) -> None:
         next_sweep = 0.0
@@ -267,6 +300,7 @@ class LimitDispatcher:
                 self._waker.clear()
                 delay = self.poll_interval
                 try:
+                    self._give_back_queued()
                     now = self.gate.now()
                     if now.timestamp() >= next_sweep:
                         with engine_for(self.gate.url).begin() as conn:

@@ -27,8 +27,8 @@ def _take(url: str, asks: list[LimitAsk], holder: str = "h1", ttl: float = 30.0,
 
 def _release(url: str, task_id: str, scope: Scope, holder: str = "h1", at=None) -> int:
     with engine_for(url).begin() as conn:
-        return store.release(conn, task="t", task_id=task_id, scopes=[scope], holder=holder, give_back_turn=None,
-                             ttl=30.0, now=at or now())
+        return store.release(conn, [store.Return("t", task_id, (scope,))], holder=holder, ttl=30.0,
+                             now=at or now())
 
 
 def test_a_freed_lease_goes_to_the_oldest_waiter_which_takes_it_when_it_comes_back(store_url):
