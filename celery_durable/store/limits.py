@@ -139,7 +139,16 @@ def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[Wa
     for task, tat in plan.tats.items():
         _set_tat(conn, task, tat)
     rows = {messages[index].task_id: _parked_row(asks[index], scope, messages[index], now, publish_at)
-            for index, scope, publish_at in plan.parked if messages[index].task_id not in already}
+            for index, scope, publish_at in plan.parked}
+    for task_id in [task_id for task_id in rows if task_id in already]:
+        # Its row was made ready and may be on its way out (a dispatcher publishing
+        # it, about to delete it): the row waits again, in its first place. If a
+        # dispatcher holds it, this waits for its commit and finds it gone (0 rows).
+        row = rows[task_id]
+        if conn.execute(waiting.update().where(waiting.c.task_id == task_id).values(
+                task_name=row["task_name"], kind=row["kind"], key=row["key"],
+                publish_at=row["publish_at"])).rowcount:
+            del rows[task_id]
     if rows:
         _park(conn, list(rows.values()))
     if made_ready:
@@ -306,7 +315,7 @@ def _parked_row(ask: LimitAsk, scope: Scope | None, message: WaitingMessage, now
 
 def _park(conn: Connection, rows: list[dict[str, Any]]) -> None:
     # A plain INSERT: SQLAlchemy caches it and sends the rows as one multi-row
-    # statement. The batch left out the ids already parked (take_batch read them
+    # statement. The batch left out the ids that have a row (take_batch read them
     # under the scopes' locks), so the unique task id is not expected to clash.
     conn.execute(waiting.insert(), rows)
 

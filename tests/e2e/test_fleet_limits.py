@@ -61,6 +61,14 @@ def _holder_of_a_running_export(s: Scenario, workers: list[WorkerProcess]) -> Wo
     return None
 
 
+def _diagnose(s: Scenario, sent: set[str], url: str) -> str:
+    missing = sent - {e["id"] for e in s.labelled("end", "x")}
+    with engine_for(url).connect() as conn:
+        parked = conn.execute(sa.text("SELECT task_id, publish_at FROM durable_limit_waiting")).all()
+    return (f"missing {sorted(missing)[:5]} of {len(missing)}; started {len(missing & {e['id'] for e in s.started()})}"
+            f"; leases {_leases(url)}; parked {parked[:5]}; broker depth {s.broker_depth('q')}")
+
+
 def _leases(url: str) -> list[dict[str, Any]]:
     with engine_for(url).connect() as conn:
         return [dict(r) for r in conn.execute(sa.text("SELECT * FROM durable_limit_leases")).mappings()]
@@ -86,8 +94,11 @@ def test_durable_concurrency_holds_across_three_workers_and_a_killed_holder_is_r
     victim.kill()
     kill_index = len(s.events())
 
-    wait_for(lambda: {e["id"] for e in s.labelled("end", "x")} >= sent, timeout=120,
-             what="every export to end, the killed one's included")
+    try:
+        wait_for(lambda: {e["id"] for e in s.labelled("end", "x")} >= sent, timeout=120,
+                 what="every export to end, the killed one's included")
+    except AssertionError as err:
+        raise AssertionError(f"{err}: {_diagnose(s, sent, url)}") from None
     events = [e for e in s.events() if e["label"].startswith("x")]
     assert running_peak(events, killed_pids, kill_index) == 3
     # The killed holder's lease expired and was reclaimed: nothing is held once all ended.
@@ -174,27 +185,27 @@ def test_a_key_function_that_raises_fails_that_run_naming_the_error(durable_scen
 @pytest.mark.parametrize(("store_kind", "workers_count"), [("postgresql", 3), ("sqlite", 1)])
 def test_a_fleet_rate_limit_spreads_starts_evenly_across_workers(durable_scenario, monkeypatch, store_kind,
                                                                  workers_count):
-    """Rule 5 at ten times the rate (1000/m for 6 s in place of 100/m for 60 s; the soak runs the latter):
-    100 ± 2 starts in the window, one every 60 ms at the median, no second holding more than one and a half
+    """Rule 5 at six times the rate (600/m for 10 s in place of 100/m for 60 s; the soak runs the latter):
+    100 ± 2 starts in the window, one every 100 ms at the median, no second holding more than one and a half
     seconds' worth (the first second's are late: republished turns queue behind the flood still being gated)."""
     s, url = durable_scenario(store_kind, "redis")
-    monkeypatch.setenv("E2E_RATE", "1000/m")
+    monkeypatch.setenv("E2E_RATE", "600/m")
     workers = [s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=4) for _ in range(workers_count)]
     for worker in workers:
         worker.wait_ready()
-    for i in range(250):
+    for i in range(180):
         s.send_task("q", "limits.partner", [f"r{i}"])
-    wait_for(lambda: len(s.labelled("start", "r")) >= 130, timeout=60, what="130 rate-limited runs to start")
+    wait_for(lambda: len(s.labelled("start", "r")) >= 115, timeout=60, what="115 rate-limited runs to start")
     starts = sorted(e["t"] for e in s.labelled("start", "r"))
-    window = [t for t in starts if t < starts[0] + 6.0]
+    window = [t for t in starts if t < starts[0] + 10.0]
     assert 98 <= len(window) <= 102, [round(t - starts[0], 3) for t in starts[:40]]
     per_second: dict[int, int] = {}
     for t in window:
         per_second[int(t - starts[0])] = per_second.get(int(t - starts[0]), 0) + 1
-    assert max(per_second.values()) <= 25, sorted(per_second.items())
+    assert max(per_second.values()) <= 15, sorted(per_second.items())
     gaps = sorted(b - a for a, b in zip(window, window[1:]))
-    assert 0.045 <= gaps[len(gaps) // 2] <= 0.075, gaps
-    print(f"\nrate 1000/m on {store_kind} x{workers_count}: {len(window)} starts in 6 s, gap p50 "
+    assert 0.08 <= gaps[len(gaps) // 2] <= 0.12, gaps
+    print(f"\nrate 600/m on {store_kind} x{workers_count}: {len(window)} starts in 10 s, gap p50 "
           f"{gaps[len(gaps) // 2] * 1000:.0f} ms, max {gaps[-1] * 1000:.0f} ms")
 
 

@@ -6,6 +6,8 @@ import json
 import threading
 from datetime import timedelta
 
+import sqlalchemy as sa
+
 from celery_durable.planning.limit_declarations import Rate, Scope
 from celery_durable.planning.limits import RUN, WAIT, LimitAsk
 from celery_durable.store import limits as store
@@ -129,3 +131,27 @@ def test_never_over_the_limit_under_racing_takers(store_url):
     assert 1 <= peak <= 3
     with engine_for(store_url).connect() as conn:
         assert store.held(conn, now()) == []
+
+
+def test_a_copy_meeting_a_full_scope_while_its_ready_row_is_on_its_way_keeps_that_row(store_url):
+    """The row made ready for a message is what publishes it: a copy that arrives and must wait again
+    puts that row back to waiting (in its first place), never acks itself away beside a row about to go."""
+    ensure_schema(store_url)
+    scope = Scope("t", "task", "", 1)
+    assert [a.verdict for a in _take(store_url, [LimitAsk("t", f"r{i}", (scope,), None, WAIT) for i in range(3)])] \
+        == [RUN, WAIT, WAIT]
+    _release(store_url, "r0", scope)  # r1 made ready: booked, publish_at set
+    # r1's booking lapses and a newcomer takes the lease before r1's copy arrives.
+    with engine_for(store_url).begin() as conn:
+        conn.execute(store.leases.delete().where(store.leases.c.task_id == "r1"))
+    assert _take(store_url, [LimitAsk("t", "new", (scope,), None, WAIT)])[0].verdict == WAIT
+    with engine_for(store_url).begin() as conn:
+        conn.execute(store.leases.insert().values(task_name="t", kind="task", key="", task_id="x", holder="h2",
+                                                  expires_at=now() + timedelta(seconds=30)))
+    assert _take(store_url, [LimitAsk("t", "r1", (scope,), None, WAIT)])[0].verdict == WAIT
+    with engine_for(store_url).connect() as conn:
+        rows = conn.execute(sa.select(store.waiting.c.task_id, store.waiting.c.publish_at)
+                            .order_by(store.waiting.c.id)).all()
+    # r1 waits again in its first place; r2 took the lease the lapse freed (waiters go before newcomers).
+    assert [(task_id, publish_at is None) for task_id, publish_at in rows] == [("r1", True), ("r2", False),
+                                                                                 ("new", True)]
