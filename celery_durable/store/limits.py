@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from celery_durable.planning.limit_declarations import Rate, Scope
-from celery_durable.planning.limits import LimitAsk, ScopeState, plan_batch, return_rate_turn
+from celery_durable.planning.limits import Decision, LimitAsk, ScopeState, plan_batch, return_rate_turn
 from celery_durable.store.schema import limit_leases as leases
 from celery_durable.store.schema import limit_waiting as waiting
 from celery_durable.store.schema import rate_limits
@@ -52,21 +52,6 @@ class WaitingMessage:
 
 
 @dataclass(frozen=True)
-class Answer:
-    """What the store decided for one message."""
-
-    verdict: str
-    #: The scope that was busy (WAIT or DROP), or None (RUN, or waiting for a rate turn).
-    busy: Scope | None = None
-    #: WAIT for a rate turn: when the message will be published again.
-    publish_at: datetime | None = None
-    #: RUN: this run holds a rate turn, given back if it never starts.
-    holds_rate_turn: bool = False
-    #: Waiting messages this transaction made ready (a dispatcher should look now).
-    made_ready: int = 0
-
-
-@dataclass(frozen=True)
 class Return:
     """A run's leases going back: its scopes, and its rate turn if it never started."""
 
@@ -78,22 +63,18 @@ class Return:
 
 @dataclass(frozen=True)
 class ReadyMessage:
-    """A waiting message due to be published."""
+    """A waiting message due to be published: its row id, and the message as kept."""
 
     id: int
-    task_id: str
-    exchange: str
-    routing_key: str
-    body: bytes
-    headers: str
-    properties: str
-    content_type: str
-    content_encoding: str
+    message: WaitingMessage
 
 
 def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[WaitingMessage], *,
-               holder: str, ttl: float, now: datetime) -> list[Answer]:
+               holder: str, ttl: float, now: datetime) -> tuple[list[Decision], int]:
     """In ``conn``'s transaction: for each ask in order, take its leases, or park (or drop) its message.
+
+    Returns each ask's decision, and how many waiting messages the batch made
+    ready (a dispatcher should look now).
 
     One transaction and a few statements per scope for the whole batch (a claim
     pass): the scopes are read once under their locks, the decisions are made
@@ -153,8 +134,7 @@ def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[Wa
         _park(conn, list(rows.values()))
     if made_ready:
         _notify(conn)
-    return [Answer(d.verdict, busy=d.busy, publish_at=d.publish_at, holds_rate_turn=d.holds_rate_turn,
-                   made_ready=made_ready) for d in plan.decisions]
+    return plan.decisions, made_ready
 
 
 def release(conn: Connection, returns: Sequence[Return], *, holder: str, ttl: float, now: datetime) -> int:
@@ -218,13 +198,13 @@ def release_holder(conn: Connection, holder: str) -> int:
 
 def claim_ready(conn: Connection, limit: int, now: datetime) -> list[ReadyMessage]:
     """Lock up to ``limit`` waiting messages due now, oldest turn first (another dispatcher's are skipped)."""
-    query = (sa.select(waiting.c.id, waiting.c.task_id, waiting.c.exchange, waiting.c.routing_key,
+    query = (sa.select(waiting.c.id, waiting.c.task_id, waiting.c.queue, waiting.c.exchange, waiting.c.routing_key,
                        waiting.c.body, waiting.c.headers, waiting.c.properties, waiting.c.content_type,
                        waiting.c.content_encoding)
              .where(waiting.c.publish_at <= now).order_by(waiting.c.publish_at, waiting.c.id).limit(limit))
     if conn.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
-    return [ReadyMessage(*row) for row in conn.execute(query)]
+    return [ReadyMessage(row_id, WaitingMessage(*fields)) for row_id, *fields in conn.execute(query)]
 
 
 def forget(conn: Connection, ids: Iterable[int]) -> None:

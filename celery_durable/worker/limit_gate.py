@@ -28,7 +28,7 @@ from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.metrics import jobs
 from celery_durable.metrics import limits as limit_metrics
 from celery_durable.planning.limit_declarations import KeyFunctionFailed, Scope, TaskLimits
-from celery_durable.planning.limits import DROP, FAIL, RUN, WAIT, LimitAsk
+from celery_durable.planning.limits import DROP, FAIL, RUN, WAIT, Decision, LimitAsk
 from celery_durable.store import limits as store
 from celery_durable.store.engine import engine_for, ensure_schema, unavailable_as_error
 from celery_durable.store.notify import Waker
@@ -120,33 +120,33 @@ class LimitGate:
             return out
         parked = [_parked(items[index][0], ask.task_id, items[index][1]) for index, ask, _ in asks]
         with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
-            answers = store.take_batch(conn, [ask for _, ask, _ in asks], parked, holder=self.holder,
-                                       ttl=self.lease_ttl, now=self._clock())
-        wake = False
+            decisions, made_ready = store.take_batch(conn, [ask for _, ask, _ in asks], parked, holder=self.holder,
+                                                     ttl=self.lease_ttl, now=self._clock())
+        wake = made_ready > 0
         settled: list[Any] = []
-        for (index, ask, limits), answer in zip(asks, answers):
+        for (index, ask, limits), decision in zip(asks, decisions):
             queue, message = items[index]
-            out[index] = self._act(queue, message, ask, limits, answer)
-            if answer.verdict != RUN:
+            out[index] = self._act(queue, ask, limits, decision)
+            if decision.verdict != RUN:
                 settled.append(message)
-            wake = wake or bool(answer.made_ready) or answer.publish_at is not None
+            wake = wake or decision.publish_at is not None
         # Parked or dropped: the store has them (or they are done with); the broker lets them go.
         _ack_all(settled)
         if wake:
             self.wake_dispatcher()
         return out
 
-    def _act(self, queue: str, message: Any, ask: LimitAsk, limits: TaskLimits, answer: store.Answer) -> Admission:
-        if answer.verdict == RUN:
-            grant = Grant(ask.task, ask.task_id, ask.scopes, limits, answer.holds_rate_turn)
+    def _act(self, queue: str, ask: LimitAsk, limits: TaskLimits, decision: Decision) -> Admission:
+        if decision.verdict == RUN:
+            grant = Grant(ask.task, ask.task_id, ask.scopes, limits, decision.holds_rate_turn)
             with self._lock:
                 self._grants[ask.task_id] = grant
             return Admission(RUN, grant)
-        if answer.verdict == DROP:
+        if decision.verdict == DROP:
             self.dropped += 1
             jobs.count(queue, "dropped")
             logger.info("durable.limit.dropped task=%s id=%s key=%s: busy, and the task drops when busy",
-                        ask.task, ask.task_id, answer.busy.key if answer.busy else "",
+                        ask.task, ask.task_id, decision.busy.key if decision.busy else "",
                         extra={"event": "durable.limit.dropped", "task_id": ask.task_id})
             return Admission(DROP)
         self.waited += 1
@@ -328,11 +328,12 @@ class LimitDispatcher:
                 return False
             with self.gate.app.producer_or_acquire() as producer:
                 for row in ready:
-                    properties = kombu_json.loads(row.properties)
+                    kept = row.message
                     producer.publish(
-                        row.body, exchange=row.exchange, routing_key=row.routing_key,
-                        headers=kombu_json.loads(row.headers), content_type=row.content_type,
-                        content_encoding=row.content_encoding, serializer=None, retry=True, **properties,
+                        kept.body, exchange=kept.exchange, routing_key=kept.routing_key,
+                        headers=kombu_json.loads(kept.headers), content_type=kept.content_type,
+                        content_encoding=kept.content_encoding, serializer=None, retry=True,
+                        **kombu_json.loads(kept.properties),
                     )
             # Published, then forgotten in the same transaction: a crash between the two publishes
             # the message again (at least once), never loses it.

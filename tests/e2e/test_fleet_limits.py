@@ -80,7 +80,9 @@ def test_durable_concurrency_holds_across_three_workers_and_a_killed_holder_is_r
     s, url = durable_scenario("postgresql", broker_kind)
     settings = conf(url, durable_lease_ttl=3, durable_restore_interval=0.3,
                     broker_transport_options={"visibility_timeout": 3})
-    workers = [s.worker(app=APP, conf=settings, queues=["q"], concurrency=4) for _ in range(3)]
+    # Two prefork workers and one running its tasks on threads (leases given back from pool threads).
+    workers = [s.worker(app=APP, conf={**settings, **extra}, queues=["q"], concurrency=4)
+               for extra in ({}, {}, {"durable_execution": "threads"})]
     for worker in workers:
         worker.wait_ready()
     total = 200

@@ -9,7 +9,7 @@ from datetime import timedelta
 import sqlalchemy as sa
 
 from celery_durable.planning.limit_declarations import Rate, Scope
-from celery_durable.planning.limits import RUN, WAIT, LimitAsk
+from celery_durable.planning.limits import RUN, WAIT, Decision, LimitAsk
 from celery_durable.store import limits as store
 from celery_durable.store.engine import engine_for, ensure_schema
 from celery_durable.store.runs import now
@@ -21,10 +21,10 @@ def _message(task_id: str) -> store.WaitingMessage:
                                 content_type="application/json", content_encoding="utf-8")
 
 
-def _take(url: str, asks: list[LimitAsk], holder: str = "h1", ttl: float = 30.0, at=None) -> list[store.Answer]:
+def _take(url: str, asks: list[LimitAsk], holder: str = "h1", ttl: float = 30.0, at=None) -> list[Decision]:
     with engine_for(url).begin() as conn:
         return store.take_batch(conn, asks, [_message(a.task_id) for a in asks], holder=holder, ttl=ttl,
-                                now=at or now())
+                                now=at or now())[0]
 
 
 def _release(url: str, task_id: str, scope: Scope, holder: str = "h1", at=None) -> int:
@@ -41,7 +41,7 @@ def test_a_freed_lease_goes_to_the_oldest_waiter_which_takes_it_when_it_comes_ba
     assert _release(store_url, "r0", scope) == 1
     with engine_for(store_url).begin() as conn:
         ready = store.claim_ready(conn, 10, now())
-        assert [row.task_id for row in ready] == ["r2"]
+        assert [row.message.task_id for row in ready] == ["r2"]
         store.forget(conn, [row.id for row in ready])
     # A new message arriving now queues behind the waiters; r2, back from the broker, takes its booking.
     answers = _take(store_url, [LimitAsk("t", "new", (scope,), None, WAIT), LimitAsk("t", "r2", (scope,), None, WAIT)])
@@ -62,7 +62,7 @@ def test_a_dead_holders_lease_is_reclaimed_after_its_ttl(store_url):
     with engine_for(store_url).begin() as conn:
         assert store.sweep(conn, {("t", "key"): 1}, 30.0, t0 + timedelta(seconds=2)) == 0  # still live
         assert store.sweep(conn, {("t", "key"): 1}, 30.0, t0 + timedelta(seconds=4)) == 1  # expired: a2 is next
-        assert [row.task_id for row in store.claim_ready(conn, 10, t0 + timedelta(seconds=4))] == ["a2"]
+        assert [row.message.task_id for row in store.claim_ready(conn, 10, t0 + timedelta(seconds=4))] == ["a2"]
 
 
 def test_renewal_keeps_a_holders_leases_past_their_first_ttl(store_url):
@@ -86,7 +86,7 @@ def test_an_early_message_waits_for_its_booked_turn_and_runs_on_it(store_url):
     with engine_for(store_url).begin() as conn:
         assert store.claim_ready(conn, 10, t0 + timedelta(seconds=0.5)) == []
         due = store.claim_ready(conn, 10, t0 + timedelta(seconds=1))
-        assert [row.task_id for row in due] == ["r1"]
+        assert [row.message.task_id for row in due] == ["r1"]
         store.forget(conn, [row.id for row in due])
     answers = _take(store_url, [LimitAsk("t", "r1", (), rate, WAIT), LimitAsk("t", "late", (), rate, WAIT)],
                     at=t0 + timedelta(seconds=1))
