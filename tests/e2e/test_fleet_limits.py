@@ -320,3 +320,28 @@ def test_a_call_may_name_its_key_in_a_header(durable_scenario):
     wait_for(lambda: worker.durable_stats()["limits_dropped"] == 1, timeout=10, what="the same key to drop")
     assert {e["id"] for e in s.started()} == {first, other_key}
     assert same_key not in {e["id"] for e in s.started()}
+
+
+def test_a_store_outage_keeps_limited_messages_in_the_broker_and_plain_tasks_running(durable_scenario, fault_proxy):
+    """The store cannot say whether a limited run fits: its message goes back to the broker (no run, no
+    retry spent), claiming pauses a second at a time, unlimited tasks keep running; once the store is
+    back every limited run runs, under its limit."""
+    s, url = durable_scenario("postgresql", "redis")
+    proxy = fault_proxy(url)
+    worker = s.worker(app=APP, conf=conf(proxy.url_for(url), durable_lease_ttl=2), queues=["q"],
+                      concurrency=4).wait_ready()
+    proxy.outage()
+    exports = {s.send_task("q", "limits.export", [f"x{i}", 0.05]) for i in range(6)}
+    plain = {s.send_task("q", "e2e.record", [f"p{i}", 0.0]) for i in range(3)}
+    wait_for(lambda: {e["id"] for e in s.labelled("end", "p")} == plain, timeout=30,
+             what="the unlimited tasks to run during the outage")
+    wait_for(lambda: "durable.limit.store_unavailable" in worker.log(), timeout=10, what="the outage reported")
+    assert not s.labelled("start", "x"), "a limited run started while the store could not count it"
+    # Between two tries (a second apart) every limited message is back in the broker.
+    wait_for(lambda: s.broker_depth("q") == 6, timeout=10, what="the limited messages to be in the broker")
+    proxy.restore()
+    wait_for(lambda: {e["id"] for e in s.labelled("end", "x")} == exports, timeout=30,
+             what="every limited run once the store is back")
+    assert running_peak([e for e in s.events() if e["label"].startswith("x")]) <= 3
+    assert {e["retries"] for e in s.labelled("start", "x")} == {0}
+    assert worker.process.poll() is None
