@@ -14,7 +14,7 @@ from celery_durable.compat.request import eta_ahead, waits_for_eta
 from celery_durable.compat.transport_guards import guard_channel
 from celery_durable.errors import InvariantBroken
 from celery_durable.planning.claim_sweep import Sweep, begin_sweep, next_ask, record, skip_to, waitable_queues
-from celery_durable.planning.limits import WAIT
+from celery_durable.planning.limits import FAIL, WAIT
 from celery_durable.planning.ready_counts import ReadyCounts
 from celery_durable.worker.fetchers import Fetcher, PassFetcher, ProbingFetcher, fetcher_for
 from celery_durable.worker.limit_gate import Admission, LimitGate
@@ -408,7 +408,9 @@ def _requeue_limited(gate: LimitGate, items: list[tuple[str, Any]]) -> list[Admi
     """The store could not decide: each limited message goes back to the broker; the others need nothing."""
     out: list[Admission | None] = []
     for _, message in items:
-        if gate.is_limited(message):
+        if message.acknowledged:
+            out.append(Admission(FAIL))  # settled before the store was asked (its key function failed)
+        elif gate.is_limited(message):
             message.reject(requeue=True)
             out.append(Admission(WAIT))
         else:
