@@ -108,7 +108,11 @@ def test_durable_concurrency_holds_across_three_workers_and_a_killed_holder_is_r
 
 
 def test_a_busy_key_does_not_hold_back_other_keys_on_the_same_queue(durable_scenario):
-    """Rule 3: 1,000 messages for org A (limit 1) ahead of 10 for org B: B's start within a second."""
+    """Rule 3: 1,000 messages for org A (limit 1) ahead of 10 for org B: B's start within a second.
+
+    On Redis. On RabbitMQ the same scenario starts B 1.2-1.4 s after it was sent (its claims cost a
+    round trip per ask; see the closing note of the fleet-limits issue): not within the second yet.
+    """
     s, url = durable_scenario("postgresql", "redis")
     workers = [s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=4) for _ in range(2)]
     for worker in workers:
@@ -132,10 +136,11 @@ def test_a_busy_key_does_not_hold_back_other_keys_on_the_same_queue(durable_scen
           f"were sent, behind 1,000 org A messages; waited {sum(st['limits_waited'] for st in stats)}")
 
 
-def test_wait_runs_every_message_once_in_arrival_order_and_burns_no_attempt(durable_scenario):
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+def test_wait_runs_every_message_once_in_arrival_order_and_burns_no_attempt(durable_scenario, broker_kind):
     """``when_busy="wait"``: each message runs once, per key in the order it arrived; a task with
     ``max_retries=0`` that waited behind 20 others still runs (retries stay 0)."""
-    s, url = durable_scenario("postgresql", "redis")
+    s, url = durable_scenario("postgresql", broker_kind)
     worker = s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=4).wait_ready()
     sent = [s.send_task("q", "limits.sync_plain", [f"org{i % 2}", f"k{i}", 0.02]) for i in range(42)]
     durable = [s.send_task("q", "limits.sync_org", ["d", f"d{i}", 0.02]) for i in range(6)]
@@ -154,8 +159,9 @@ def test_wait_runs_every_message_once_in_arrival_order_and_burns_no_attempt(dura
     assert "Retry in" not in worker.log()
 
 
-def test_drop_drops_only_while_the_key_is_busy(durable_scenario):
-    s, url = durable_scenario("postgresql", "redis")
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+def test_drop_drops_only_while_the_key_is_busy(durable_scenario, broker_kind):
+    s, url = durable_scenario("postgresql", broker_kind)
     worker = s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=4).wait_ready()
     first = s.send_task("q", "limits.debounce", ["o1", "first", 1.5])
     wait_for(lambda: s.labelled("start", "first"), timeout=10, what="the first run to start")
