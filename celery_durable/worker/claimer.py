@@ -14,7 +14,6 @@ from celery_durable.compat.request import eta_ahead, waits_for_eta
 from celery_durable.compat.transport_guards import guard_channel
 from celery_durable.errors import InvariantBroken
 from celery_durable.planning.claim_sweep import Sweep, begin_sweep, next_ask, record, skip_to, waitable_queues
-from celery_durable.planning.limits import FAIL, WAIT
 from celery_durable.planning.ready_counts import ReadyCounts
 from celery_durable.worker.fetchers import Fetcher, PassFetcher, ProbingFetcher, fetcher_for
 from celery_durable.worker.limit_gate import Admission, LimitGate
@@ -292,14 +291,10 @@ class Claimer:
             return [(False, None)] * len(readable)
         ahead = [eta_ahead(message) for _, message in readable]
         due = [item for item, later in zip(readable, ahead) if not later]
-        try:
-            decided = iter(gate.admit_batch(due))
-        except Exception as err:  # noqa: BLE001 - the store did not answer: the broker keeps the messages
-            logger.warning("durable.limit.store_unavailable error=%s: limited messages go back to the broker; "
-                           "claiming pauses %.0f s", err, STORE_PAUSE,
-                           extra={"event": "durable.limit.store_unavailable"})
+        admissions, store_failed = gate.admit_or_hand_back(due)
+        if store_failed:
             self._paused_until = monotonic() + STORE_PAUSE
-            decided = iter(_requeue_limited(gate, due))
+        decided = iter(admissions)
         return [(False, None) if later else (True, next(decided)) for later in ahead]
 
     def _admit_readable(self, queue_name: str, message: Any, checked: bool, admission: Admission | None) -> bool:
@@ -403,16 +398,3 @@ class Claimer:
             except Exception:  # noqa: BLE001 - a dead channel has nothing left to cancel
                 logger.debug("durable.idle.cancel_failed", exc_info=True)
 
-
-def _requeue_limited(gate: LimitGate, items: list[tuple[str, Any]]) -> list[Admission | None]:
-    """The store could not decide: each limited message goes back to the broker; the others need nothing."""
-    out: list[Admission | None] = []
-    for _, message in items:
-        if message.acknowledged:
-            out.append(Admission(FAIL))  # settled before the store was asked (its key function failed)
-        elif gate.is_limited(message):
-            message.reject(requeue=True)
-            out.append(Admission(WAIT))
-        else:
-            out.append(None)
-    return out

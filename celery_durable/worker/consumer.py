@@ -189,5 +189,5 @@ def _limit_gate(app: Any, config: DurableConfig, limits: dict[str, TaskLimits]) 
     if not limits:
         return None
     gate = LimitGate(app, limits, url=resolve_url(config.database_url), lease_ttl=config.lease_ttl)
-    LimitDispatcher(gate, poll_interval=config.relay_poll_interval)
+    gate.dispatcher = LimitDispatcher(gate, poll_interval=config.relay_poll_interval)
     return gate

@@ -47,11 +47,14 @@ _KEPT_PROPERTIES = ("priority", "correlation_id", "reply_to", "delivery_mode")
 class Grant:
     """The leases one admitted run holds, given back when its count is."""
 
-    task: str
     task_id: str
     scopes: tuple[Scope, ...]
     limits: TaskLimits
     holds_rate_turn: bool
+
+    @property
+    def task(self) -> str:
+        return self.limits.task
 
 
 @dataclass(frozen=True)
@@ -88,15 +91,32 @@ class LimitGate:
         limit_metrics.watch(url, tuple(self.limits))
 
     # -- admission -----------------------------------------------------------------------
-    def is_limited(self, message: Any) -> bool:
-        return str((message.headers or {}).get("task")) in self.limits
+    def admit_or_hand_back(self, items: list[tuple[str, Any]]) -> tuple[list[Admission | None], bool]:
+        """:meth:`admit_batch`, and when the store cannot answer, every limited message back to the broker.
 
-    def admit(self, queue: str, message: Any) -> Admission | None:
-        """None when ``message``'s task declares no limit; else what the store decided, already acted on."""
-        return self.admit_batch([(queue, message)])[0]
+        Returns the admissions and whether the store failed (the caller pauses
+        claiming: a requeued message would come straight back). A message is
+        never run unchecked and never held waiting in memory for the store.
+        """
+        try:
+            return self.admit_batch(items), False
+        except Exception as err:  # noqa: BLE001 - the store did not answer: the broker keeps the messages
+            logger.warning("durable.limit.store_unavailable error=%s: limited messages go back to the broker",
+                           err, extra={"event": "durable.limit.store_unavailable"})
+        out: list[Admission | None] = []
+        for _, message in items:
+            if message.acknowledged:
+                out.append(Admission(FAIL))  # settled before the store was asked (its key function failed)
+            elif str((message.headers or {}).get("task")) in self.limits:
+                message.reject(requeue=True)
+                out.append(Admission(WAIT))
+            else:
+                out.append(None)
+        return out, True
 
     def admit_batch(self, items: list[tuple[str, Any]]) -> list[Admission | None]:
-        """:meth:`admit` for each (queue, message), in one store transaction for all the limited ones."""
+        """For each (queue, message): None when its task declares no limit, else what the store decided,
+        already acted on (parked or dropped messages acked); one store transaction for all the limited ones."""
         out: list[Admission | None] = [None] * len(items)
         asks: list[tuple[int, LimitAsk, TaskLimits]] = []
         for index, (queue, message) in enumerate(items):
@@ -138,7 +158,7 @@ class LimitGate:
 
     def _act(self, queue: str, ask: LimitAsk, limits: TaskLimits, decision: Decision) -> Admission:
         if decision.verdict == RUN:
-            grant = Grant(ask.task, ask.task_id, ask.scopes, limits, decision.holds_rate_turn)
+            grant = Grant(ask.task_id, ask.scopes, limits, decision.holds_rate_turn)
             with self._lock:
                 self._grants[ask.task_id] = grant
             return Admission(RUN, grant)
@@ -255,7 +275,6 @@ class LimitDispatcher:
         engine = engine_for(gate.url)
         self._waker = Waker(engine if engine.dialect.name == "postgresql" else None, store.CHANNEL)
         self._thread: threading.Thread | None = None
-        gate.dispatcher = self
 
     def start(self) -> None:
         """Start the thread (once: a reconnecting consumer calls this again)."""

@@ -170,14 +170,7 @@ class WorkerRuntime:
         if self.gate is None or run is None or run.limit_checked:
             return True
         run.limit_checked = True
-        try:
-            admission = self.gate.admit(run.queue, request.message)
-        except Exception as err:  # noqa: BLE001 - the store did not answer: the broker keeps the message
-            logger.warning("durable.limit.store_unavailable id=%s error=%s: the message goes back to the broker",
-                           getattr(request, "id", None), err)
-            request.message.reject(requeue=True)
-            self.held.give_back(request.message)
-            return False
+        (admission,), _ = self.gate.admit_or_hand_back([(run.queue, request.message)])
         if admission is None:
             return True
         if not admission.runs:
