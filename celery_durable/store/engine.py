@@ -29,6 +29,8 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # Keyed by pid: a prefork child inherits its parent's dict, and must not use
 # the sockets (or SQLite handles) the parent opened.
 _engines: dict[tuple[int, str], Engine] = {}
+#: PostgreSQL engines whose connections are in autocommit from the start (see ``autocommit``).
+_autocommit_engines: dict[tuple[int, str], Engine] = {}
 _checked: set[tuple[int, str]] = set()
 _lock = threading.Lock()
 
@@ -109,13 +111,32 @@ def engine_for(url: str | None) -> Engine:
 
 
 def autocommit(engine: Engine) -> Engine:
-    """The same pool, each statement its own transaction: a checkpoint INSERT is one round trip."""
-    return engine.execution_options(isolation_level="AUTOCOMMIT")
+    """An engine whose every statement is its own transaction: a checkpoint INSERT is one round trip.
+
+    PostgreSQL: a pool of its own whose connections are in autocommit from the
+    start (the same pool switched per checkout would set and reset the
+    isolation level on every use). SQLite: the same pool, no BEGIN IMMEDIATE.
+    """
+    if engine.dialect.name == "sqlite":
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+    key = (os.getpid(), engine.url.render_as_string(hide_password=False))
+    found = _autocommit_engines.get(key)
+    if found is None:
+        with _lock:
+            found = _autocommit_engines.get(key)
+            if found is None:
+                found = _autocommit_engines[key] = sa.create_engine(engine.url, isolation_level="AUTOCOMMIT",
+                                                                    pool_pre_ping=False)
+    return found
 
 
 def dispose_all() -> None:
     """Close this process's engines (tests, and a benchmark between databases)."""
     with _lock:
+        for key, engine in list(_autocommit_engines.items()):
+            if key[0] == os.getpid():
+                engine.dispose()
+                del _autocommit_engines[key]
         for (pid, url), engine in list(_engines.items()):
             if pid == os.getpid():
                 engine.dispose()

@@ -137,6 +137,41 @@ def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[Wa
     return plan.decisions, made_ready
 
 
+def exchange(conn: Connection, returns: Sequence[Return], asks: Sequence[LimitAsk], *, holder: str, ttl: float,
+             now: datetime) -> tuple[bool, bool]:
+    """PostgreSQL, one statement: give back ``returns``' leases, then take the leases of every ask
+    if each scope has room for them all and nobody waits there.
+
+    Returns (taken, waiters). taken: every ask's run goes on (what
+    ``take_batch`` decides for them then); false: none of their leases is
+    taken, and ``take_batch`` decides (a busy scope, waiters who go first, a
+    copy of a run it knows). waiters: a scope a lease went back to has
+    messages waiting; ``release`` makes them ready. ``conn`` is in autocommit:
+    the function is the transaction. Not for rate turns (``take_batch`` and
+    ``release`` keep them), nor for two copies of one run in ``asks``.
+    """
+    if any(ask.rate is not None or not ask.scopes for ask in asks):
+        raise ValueError("exchange takes leases for runs limited by scopes only")
+    if any(ret.give_back_turn is not None for ret in returns):
+        raise ValueError("exchange gives back leases, not rate turns")
+    if len({ask.task_id for ask in asks}) != len(asks):
+        raise ValueError("exchange takes one copy of a run")
+    given_back = [(ret.task_id, scope) for ret in returns for scope in ret.scopes]
+    wanted = [(ask.task_id, scope) for ask in asks for scope in ask.scopes]
+    row = conn.exec_driver_sql(
+        "SELECT taken, waiters FROM durable_limit_exchange(%(holder)s, %(locks)s, %(ret_ids)s, %(ret_tasks)s, "
+        "%(ret_kinds)s, %(ret_keys)s, %(task_ids)s, %(tasks)s, %(kinds)s, %(keys)s, %(limits)s, %(now)s, "
+        "%(expires)s)",
+        dict(holder=holder,
+             locks=sorted({_scope_lock(s.task, s.kind, s.key) for _, s in given_back + wanted}),
+             ret_ids=[task_id for task_id, _ in given_back], ret_tasks=[s.task for _, s in given_back],
+             ret_kinds=[s.kind for _, s in given_back], ret_keys=[s.key for _, s in given_back],
+             task_ids=[task_id for task_id, _ in wanted], tasks=[s.task for _, s in wanted],
+             kinds=[s.kind for _, s in wanted], keys=[s.key for _, s in wanted],
+             limits=[s.limit for _, s in wanted], now=now, expires=now + timedelta(seconds=ttl))).one()
+    return bool(row[0]), bool(row[1])
+
+
 def release(conn: Connection, returns: Sequence[Return], *, holder: str, ttl: float, now: datetime) -> int:
     """Drop the runs' leases (and the rate turns of runs that never started); make waiters ready.
 

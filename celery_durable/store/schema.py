@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 #: The Alembic revision the code reads and writes; a database behind it must be migrated.
-HEAD_REVISION = "0004_fleet_limits"
+HEAD_REVISION = "0005_limit_fast_path"
 
 #: The databases the store's SQL is written for (SQLAlchemy backend names; any driver of them).
 SUPPORTED_BACKENDS = ("postgresql", "sqlite")

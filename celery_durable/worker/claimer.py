@@ -168,6 +168,15 @@ class Claimer:
 
     # -- the pass --------------------------------------------------------------
     def run_pass(self) -> int:
+        try:
+            return self._claim()
+        finally:
+            if self._gate is not None:
+                # The leases of runs that ended go back with the pass's take (one round
+                # trip); the ones no take carried (a pass with no limited message) now.
+                self._gate.give_back_ended()
+
+    def _claim(self) -> int:
         if not self.claiming or self.handler is None or self._fetcher is None:
             return 0
         if monotonic() < self._paused_until:

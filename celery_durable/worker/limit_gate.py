@@ -30,7 +30,7 @@ from celery_durable.metrics import limits as limit_metrics
 from celery_durable.planning.limit_declarations import KeyFunctionFailed, Scope, TaskLimits
 from celery_durable.planning.limits import DROP, FAIL, RUN, WAIT, Decision, LimitAsk
 from celery_durable.store import limits as store
-from celery_durable.store.engine import engine_for, ensure_schema, unavailable_as_error
+from celery_durable.store.engine import autocommit, engine_for, ensure_schema, unavailable_as_error
 from celery_durable.store.notify import Waker
 from celery_durable.store.runs import now as utc_now
 
@@ -86,7 +86,10 @@ class LimitGate:
         self.dispatcher: LimitDispatcher | None = None
         self.waited = 0
         self.dropped = 0
-        ensure_schema(url)
+        #: PostgreSQL: a lone run takes and gives back its leases in one statement each.
+        self._fast_path = ensure_schema(url).dialect.name == "postgresql"
+        #: Fast path: leases of runs that ended, given back with the next claim pass's take.
+        self._ended: list[store.Return] = []
         keeper().hold_limits(url, self.holder, lease_ttl)
         limit_metrics.watch(url, tuple(self.limits))
 
@@ -138,6 +141,11 @@ class LimitGate:
             asks.append((index, LimitAsk(limits.task, task_id, scopes, limits.rate, limits.when_busy), limits))
         if not asks:
             return out
+        if self._took_at_once([ask for _, ask, _ in asks]):
+            for index, ask, limits in asks:
+                out[index] = self._act(items[index][0], ask, limits, Decision(RUN))
+            return out
+        self.give_back_ended()  # the general transaction below must see the room they leave
         parked = [_parked(items[index][0], ask.task_id, items[index][1]) for index, ask, _ in asks]
         with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
             decisions, made_ready = store.take_batch(conn, [ask for _, ask, _ in asks], parked, holder=self.holder,
@@ -155,6 +163,44 @@ class LimitGate:
         if wake:
             self.wake_dispatcher()
         return out
+
+    def _took_at_once(self, asks: list[LimitAsk]) -> bool:
+        """The common case in one round trip (PostgreSQL): runs whose scopes have room for them all
+        and no waiters take their leases, after the ended runs' leases went back in the same call.
+        False: nothing taken, the general transaction decides."""
+        if (not self._fast_path or any(ask.rate is not None or not ask.scopes for ask in asks)
+                or len({ask.task_id for ask in asks}) != len(asks)):
+            return False
+        return self._exchange(asks)
+
+    def _exchange(self, asks: list[LimitAsk]) -> bool:
+        with self._lock:
+            returns, self._ended = self._ended, []
+        try:
+            with unavailable_as_error(self.url), autocommit(engine_for(self.url)).connect() as conn:
+                taken, waiters = store.exchange(conn, returns, asks, holder=self.holder, ttl=self.lease_ttl,
+                                                now=self._clock())
+        except Exception:
+            with self._lock:
+                self._ended[:0] = returns  # not given back: the next call (or the dispatcher's round) tries
+            raise
+        if waiters:
+            self.give_back_now(returns)  # the general release makes the waiters ready
+        return taken
+
+    def give_back_ended(self) -> None:
+        """Give back the leases of runs that ended since the last claim pass (PostgreSQL).
+
+        A pass that takes leases gives these back in its own call; the claimer
+        calls this after every pass, and the dispatcher at each round, for the
+        ones no take carried.
+        """
+        if not self._ended:
+            return
+        try:
+            self._exchange([])
+        except Exception as err:  # noqa: BLE001 - kept, and tried again: the heartbeat would keep them held
+            logger.warning("durable.limit.release_failed error=%s: tried again at the next claim pass", err)
 
     def _act(self, queue: str, ask: LimitAsk, limits: TaskLimits, decision: Decision) -> Admission:
         if decision.verdict == RUN:
@@ -185,10 +231,17 @@ class LimitGate:
         give_back_turn = grant.limits.rate if grant.holds_rate_turn and not started else None
         if not grant.scopes and give_back_turn is None:
             return
-        self.give_back_now([store.Return(grant.task, grant.task_id, grant.scopes, give_back_turn)])
+        returned = store.Return(grant.task, grant.task_id, grant.scopes, give_back_turn)
+        if self._fast_path and give_back_turn is None:
+            # Carried by the claim pass this slot's freeing kicks: its take and this
+            # give-back are one round trip, the give-back first.
+            with self._lock:
+                self._ended.append(returned)
+            return
+        self.give_back_now([returned])
 
     def give_back_now(self, returns: list[store.Return]) -> None:
-        """The store transaction of :meth:`release`, for several returns at once."""
+        """The general store transaction of :meth:`release`, for several returns at once."""
         try:
             with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
                 made_ready = store.release(conn, returns, holder=self.holder, ttl=self.lease_ttl, now=self._clock())
@@ -226,6 +279,8 @@ class LimitGate:
         """The worker is leaving: what it still holds goes back, so waiters need not wait out a TTL."""
         keeper().release_limits(self.url, self.holder)
         limit_metrics.unwatch(self.url)
+        with self._lock:
+            self._ended.clear()  # every lease of this holder goes below
         try:
             with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
                 store.release_holder(conn, self.holder)
@@ -319,6 +374,7 @@ class LimitDispatcher:
                 self._waker.clear()
                 delay = self.poll_interval
                 try:
+                    self.gate.give_back_ended()
                     self._give_back_queued()
                     now = self.gate.now()
                     if now.timestamp() >= next_sweep:

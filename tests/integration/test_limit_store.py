@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from celery_durable.planning.limit_declarations import Rate, Scope
 from celery_durable.planning.limits import RUN, WAIT, Decision, LimitAsk
 from celery_durable.store import limits as store
-from celery_durable.store.engine import engine_for, ensure_schema
+from celery_durable.store.engine import autocommit, engine_for, ensure_schema
 from celery_durable.store.runs import now
+from tests.stores import fresh_store
 
 
 def _message(task_id: str) -> store.WaitingMessage:
@@ -155,3 +159,113 @@ def test_a_copy_meeting_a_full_scope_while_its_ready_row_is_on_its_way_keeps_tha
     # r1 waits again in its first place; r2 took the lease the lapse freed (waiters go before newcomers).
     assert [(task_id, publish_at is None) for task_id, publish_at in rows] == [("r1", True), ("r2", False),
                                                                                  ("new", True)]
+
+
+# -- the one-round-trip exchange (PostgreSQL) ------------------------------------------------------
+@pytest.fixture
+def pg_url(tmp_path: Path) -> Iterator[str]:
+    with fresh_store("postgresql", tmp_path) as url:
+        ensure_schema(url)
+        yield url
+
+
+def _exchange(url: str, returns: list[store.Return], asks: list[LimitAsk], holder: str = "h1",
+              at=None) -> tuple[bool, bool]:
+    with autocommit(engine_for(url)).connect() as conn:
+        return store.exchange(conn, returns, asks, holder=holder, ttl=30.0, now=at or now())
+
+
+def _held_ids(url: str) -> list[str]:
+    with engine_for(url).connect() as conn:
+        return sorted(conn.execute(sa.select(store.leases.c.task_id)).scalars())
+
+
+def test_exchange_takes_leases_only_when_all_fit_and_gives_back_first(pg_url):
+    scope = Scope("t", "task", "", 2)
+    ask = lambda task_id: LimitAsk("t", task_id, (scope,), None, WAIT)  # noqa: E731
+    assert _exchange(pg_url, [], [ask("a"), ask("b")]) == (True, False)
+    assert _held_ids(pg_url) == ["a", "b"]
+    assert _exchange(pg_url, [], [ask("c")]) == (False, False), "a full scope takes nothing"
+    # a's lease goes back in the same call that takes c's: the give-back comes first.
+    assert _exchange(pg_url, [store.Return("t", "a", (scope,))], [ask("c")]) == (True, False)
+    assert _held_ids(pg_url) == ["b", "c"]
+    # Room for one, two asked: all or nothing.
+    assert _exchange(pg_url, [store.Return("t", "b", (scope,))], [ask("d"), ask("e")]) == (False, False)
+    assert _held_ids(pg_url) == ["c"]
+
+
+def test_exchange_leaves_to_the_general_path_what_it_must_decide(pg_url):
+    """Waiters go first, a copy of a run that holds a lease or waits, another holder's lease is not
+    given back: each answers not taken, and the general transaction then decides as it always did."""
+    scope = Scope("t", "key", "org:a", 1)
+    ask = lambda task_id: LimitAsk("t", task_id, (scope,), None, WAIT)  # noqa: E731
+    assert [d.verdict for d in _take(pg_url, [ask("a"), ask("w")])] == [RUN, WAIT]
+    assert _exchange(pg_url, [], [ask("a")]) == (False, False), "a copy of a running run"
+    assert _exchange(pg_url, [store.Return("t", "a", (scope,))], [], holder="other") == (True, True)
+    assert _held_ids(pg_url) == ["a"], "another holder cannot give back a's lease"
+    # a ends: its scope has a waiter (told), and a newcomer does not jump the queue.
+    assert _exchange(pg_url, [store.Return("t", "a", (scope,))], [ask("n")]) == (False, True)
+    assert _held_ids(pg_url) == []
+    assert _release(pg_url, "a", scope) == 1, "the general release makes the waiter ready"
+    assert _exchange(pg_url, [], [ask("w")]) == (False, False), "w's copy takes its booking by the general path"
+    assert [d.verdict for d in _take(pg_url, [ask("w")])] == [RUN]
+
+
+def test_exchange_reclaims_a_dead_holders_expired_lease(pg_url):
+    scope = Scope("t", "task", "", 1)
+    t0 = now()
+    with engine_for(pg_url).begin() as conn:
+        conn.execute(store.leases.insert().values(task_name="t", kind="task", key="", task_id="dead", holder="gone",
+                                                  expires_at=t0 - timedelta(seconds=1)))
+    assert _exchange(pg_url, [], [LimitAsk("t", "r", (scope,), None, WAIT)], at=t0) == (True, False)
+    assert _held_ids(pg_url) == ["r"]
+
+
+def test_exchange_refuses_what_it_does_not_keep(pg_url):
+    rated = LimitAsk("t", "r", (), Rate(1, 1.0), WAIT)
+    scope = Scope("t", "task", "", 3)
+    with pytest.raises(ValueError, match="scopes only"):
+        _exchange(pg_url, [], [rated])
+    with pytest.raises(ValueError, match="one copy"):
+        _exchange(pg_url, [], [LimitAsk("t", "r", (scope,), None, WAIT)] * 2)
+    with pytest.raises(ValueError, match="rate turns"):
+        _exchange(pg_url, [store.Return("t", "r", (scope,), Rate(1, 1.0))], [])
+
+
+def test_exchange_never_over_the_limit_beside_the_general_path(pg_url):
+    """Six threads, half taking through the exchange and half through the general transaction, on one
+    scope of limit 2: the leases held, read after every take, never exceed 2."""
+    scope = Scope("t", "task", "", 2)
+    peak = 0
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        nonlocal peak
+        try:
+            held: list[str] = []
+            for i in range(30):
+                task_id = f"w{n}-{i}"
+                ask = LimitAsk("t", task_id, (scope,), None, "drop")
+                returns = [store.Return("t", gone, (scope,)) for gone in held]
+                if n % 2:
+                    taken, _ = _exchange(pg_url, returns, [ask], holder=f"h{n}")
+                else:
+                    for gone in held:
+                        _release(pg_url, gone, scope, holder=f"h{n}")
+                    taken = _take(pg_url, [ask], holder=f"h{n}")[0].verdict == RUN
+                held = [task_id] if taken else []
+                with engine_for(pg_url).connect() as conn:
+                    count = sum(n for *_, n in store.held(conn, now()))
+                with lock:
+                    peak = max(peak, count)
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert 1 <= peak <= 2
