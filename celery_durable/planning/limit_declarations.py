@@ -46,7 +46,8 @@ class LimitInvalid(DurableError):
 
 
 class KeyFunctionFailed(DurableError):
-    """A task's ``durable_key`` raised or returned something that is not a key, for one message."""
+    """A task's ``durable_key`` raised or returned something that is not a key, for one message (or
+    the message's own ``durable_when_busy`` header is not a choice): that run fails, named."""
 
     code = "durable.limit.key_failed"
 
@@ -98,6 +99,16 @@ class TaskLimits:
         if self.key is not None:
             scopes.append(Scope(self.task, KEY_SCOPE, self._key_of(args, kwargs, given_key), self.key_limit))
         return tuple(scopes)
+
+    def when_busy_of(self, given: Any = None) -> str:
+        """What a message does when a scope is busy: its own ``durable_when_busy`` header if it names
+        one (``apply_async(headers=...)``), else the task's; a bad one fails that run, named."""
+        if given is None:
+            return self.when_busy
+        if given not in WHEN_BUSY_CHOICES:
+            raise KeyFunctionFailed(f"task {self.task!r}: header {WHEN_BUSY} must be one of {WHEN_BUSY_CHOICES}, "
+                                    f"got {given!r}")
+        return str(given)
 
     def _key_of(self, args: Any, kwargs: Any, given_key: Any) -> str:
         assert self.key is not None

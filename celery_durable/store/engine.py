@@ -93,6 +93,22 @@ def _sqlite_engine(url: str) -> Engine:
     return engine
 
 
+#: libpq settings for every PostgreSQL connection of the store, unless its URL gives its own: a
+#: database host that is lost (no RST ever comes) fails the statement waiting on it within about
+#: 20 s, reported and retried like any outage, instead of stalling that thread — the worker's
+#: claim loop among them — for the kernel's default of hours.
+PG_NETWORK_TIMEOUTS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 3,
+                       "keepalives_count": 3, "tcp_user_timeout": 20_000}
+
+
+def network_timeouts(url: str) -> dict[str, Any]:
+    """The connect arguments bounding a lost PostgreSQL host, for libpq drivers (psycopg 2 and 3)."""
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() != "postgresql" or parsed.get_driver_name() not in ("psycopg2", "psycopg"):
+        return {}
+    return {name: value for name, value in PG_NETWORK_TIMEOUTS.items() if name not in parsed.query}
+
+
 def engine_for(url: str | None) -> Engine:
     """This process's engine for ``url``, created on first use."""
     url = resolve_url(url)
@@ -105,7 +121,7 @@ def engine_for(url: str | None) -> Engine:
                 if sa.engine.make_url(url).get_backend_name() == "sqlite":
                     engine = _sqlite_engine(url)
                 else:
-                    engine = sa.create_engine(url, pool_pre_ping=False)
+                    engine = sa.create_engine(url, pool_pre_ping=False, connect_args=network_timeouts(url))
                 _engines[key] = engine
     return engine
 
@@ -125,8 +141,9 @@ def autocommit(engine: Engine) -> Engine:
         with _lock:
             found = _autocommit_engines.get(key)
             if found is None:
-                found = _autocommit_engines[key] = sa.create_engine(engine.url, isolation_level="AUTOCOMMIT",
-                                                                    pool_pre_ping=False)
+                found = _autocommit_engines[key] = sa.create_engine(
+                    engine.url, isolation_level="AUTOCOMMIT", pool_pre_ping=False,
+                    connect_args=network_timeouts(engine.url.render_as_string(hide_password=False)))
     return found
 
 

@@ -38,6 +38,8 @@ logger = logging.getLogger("celery_durable.limits")
 
 #: The header a call may name its key in (``apply_async(headers={"durable_key": "org:7"})``).
 KEY_HEADER = "durable_key"
+#: The header a call may say what it does when busy in (``headers={"durable_when_busy": "drop"}``).
+WHEN_BUSY_HEADER = "durable_when_busy"
 
 #: Message properties a parked message keeps (the rest are the broker's, per delivery).
 _KEPT_PROPERTIES = ("priority", "correlation_id", "reply_to", "delivery_mode")
@@ -134,11 +136,12 @@ class LimitGate:
                 continue
             try:
                 scopes = limits.scopes(args, kwargs, headers.get(KEY_HEADER))
+                when_busy = limits.when_busy_of(headers.get(WHEN_BUSY_HEADER))
             except KeyFunctionFailed as err:
                 self._fail(limits.task, task_id, queue, message, err)
                 out[index] = Admission(FAIL)
                 continue
-            asks.append((index, LimitAsk(limits.task, task_id, scopes, limits.rate, limits.when_busy), limits))
+            asks.append((index, LimitAsk(limits.task, task_id, scopes, limits.rate, when_busy), limits))
         if not asks:
             return out
         if self._took_at_once([ask for _, ask, _ in asks]):

@@ -328,6 +328,23 @@ def test_a_call_may_name_its_key_in_a_header(durable_scenario):
     assert same_key not in {e["id"] for e in s.started()}
 
 
+def test_a_call_may_say_what_it_does_when_busy_in_a_header(durable_scenario):
+    """``headers={"durable_when_busy": "drop"}`` drops that call of a task that waits when busy; a header
+    that is not a choice fails that run, named, and the task's other calls wait as declared."""
+    s, url = durable_scenario("postgresql", "redis")
+    worker = s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=4).wait_ready()
+    first = s.send_task("q", "limits.sync_plain", ["o1", "first", 1.0])
+    wait_for(lambda: s.labelled("start", "first"), timeout=10, what="the first run to start")
+    dropped = s.send_task("q", "limits.sync_plain", ["o1", "dropped", 0.0], headers={"durable_when_busy": "drop"})
+    bad = s.send_task("q", "limits.sync_plain", ["o1", "bad", 0.0], headers={"durable_when_busy": "later"})
+    waits = s.send_task("q", "limits.sync_plain", ["o1", "waits", 0.0])
+    wait_for(lambda: s.labelled("end", "waits"), timeout=15, what="the waiting call to run after the first")
+    assert [e["id"] for e in s.started()] == [first, waits]
+    assert worker.durable_stats()["limits_dropped"] == 1 and dropped not in {e["id"] for e in s.started()}
+    line = next(line for line in worker.log().splitlines() if "durable.limit.key_failed" in line)
+    assert bad in line and "header durable_when_busy must be one of ('wait', 'drop'), got 'later'" in line
+
+
 def test_a_store_outage_keeps_limited_messages_in_the_broker_and_plain_tasks_running(durable_scenario, fault_proxy):
     """The store cannot say whether a limited run fits: its message goes back to the broker (no run, no
     retry spent), claiming pauses a second at a time, unlimited tasks keep running; once the store is

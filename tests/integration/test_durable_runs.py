@@ -23,6 +23,7 @@ from celery_durable.store.schema import VERSION_TABLE
 from celery_durable.tasks import runs as durable_runs
 from tests.e2e.harness import wait_for
 from tests.services import REDIS_URL, redis_problem, require
+from tests.stores import fresh_store
 
 
 def make_app(store_url: str, **conf: Any) -> Celery:
@@ -381,3 +382,20 @@ def test_an_eager_requeue_runs_the_dead_run_here_without_rerunning_its_steps(sto
     requeued = durable_runs.requeue(result.id, app=app)
     assert (requeued.state, requeued.result) == ("succeeded", '"shipped"')
     assert calls == ["charge", "ship", "ship"]
+
+
+def test_every_store_connection_bounds_a_lost_database_host_unless_its_url_says_otherwise(tmp_path):
+    """A PostgreSQL host that vanishes sends no RST: without keepalives and a TCP user timeout a
+    statement would wait on it for hours, the worker's claim loop with it. Both engines (in a
+    transaction and in autocommit) connect with them; a value in the URL wins."""
+    from celery_durable.store.engine import PG_NETWORK_TIMEOUTS, autocommit
+
+    with fresh_store("postgresql", tmp_path) as url:
+        for engine in (engine_for(url), autocommit(engine_for(url))):
+            with engine.connect() as conn:
+                given = conn.connection.dbapi_connection.get_dsn_parameters()
+            assert {name: given.get(name) for name in PG_NETWORK_TIMEOUTS} == \
+                {name: str(value) for name, value in PG_NETWORK_TIMEOUTS.items()}
+        own = f"{url}{'&' if '?' in url else '?'}tcp_user_timeout=5000"
+        with engine_for(own).connect() as conn:
+            assert conn.connection.dbapi_connection.get_dsn_parameters()["tcp_user_timeout"] == "5000"

@@ -85,6 +85,15 @@ def test_a_key_function_that_raises_or_returns_no_key_fails_naming_the_task_and_
             limits.scopes(["a"], {})
 
 
+def test_a_call_may_say_what_it_does_when_busy_and_a_bad_choice_fails_that_run_named():
+    limits = declared("t", {"durable_key": lambda org: org, "durable_when_busy": "wait"})
+    assert limits is not None
+    assert limits.when_busy_of(None) == WAIT
+    assert limits.when_busy_of("drop") == DROP
+    with pytest.raises(KeyFunctionFailed, match=r"task 't': header durable_when_busy must be one of .* 'later'"):
+        limits.when_busy_of("later")
+
+
 def test_rate_units():
     assert parse_rate("t", "10/s") == Rate(10, 1.0)
     assert parse_rate("t", " 3 / h ") == Rate(3, 3600.0)
