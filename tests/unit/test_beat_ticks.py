@@ -1,0 +1,78 @@
+"""The beat tick planner: occurrences from the schedule alone, on-time ticks, and each catch-up policy."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from celery.schedules import crontab, schedule
+
+from celery_durable.planning.beat_ticks import (
+    ALL,
+    NONE,
+    RUN_ONCE,
+    SKIP,
+    Fire,
+    latest_occurrence,
+    next_occurrence,
+    plan_ticks,
+)
+
+T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=timezone.utc)
+EVERY_SECOND = schedule(timedelta(seconds=1))
+
+
+def s(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def test_occurrences_come_from_the_schedule_not_the_clock():
+    assert next_occurrence(EVERY_SECOND, T0) == s(1)
+    assert next_occurrence(crontab(minute="*/5"), s(61)) == s(300)
+    assert next_occurrence(crontab(hour=2, minute=0), T0) == datetime(2026, 12, 4, 2, 0, tzinfo=timezone.utc)
+    # Asked twice, a second apart by the clock, the same instant: the tick is a fire's identity.
+    assert next_occurrence(crontab(minute="*"), s(0.5)) == next_occurrence(crontab(minute="*"), s(0.5))
+
+
+def test_the_latest_occurrence_is_found_without_walking_a_long_outage():
+    year_later = T0 + timedelta(days=365)
+    assert latest_occurrence(EVERY_SECOND, T0, year_later) == year_later
+    assert latest_occurrence(crontab(minute=0), T0, year_later - timedelta(minutes=1)) == \
+        year_later - timedelta(hours=1)
+    assert latest_occurrence(EVERY_SECOND, T0, s(0.5)) is None
+
+
+def test_a_running_leader_sends_each_tick_once_and_its_watermark_rides_the_fire():
+    plan = plan_ticks(EVERY_SECOND, T0, s(3.2), catch_up=NONE, grace=5.0, max_catch_up=100)
+    assert plan.fires == (Fire(s(1), s(1)), Fire(s(2), s(2)), Fire(s(3), s(3)))
+    assert plan.watermark == s(3) and plan.next_due == s(4)
+    again = plan_ticks(EVERY_SECOND, plan.watermark, s(3.9), catch_up=NONE, grace=5.0, max_catch_up=100)
+    assert again.fires == () and again.watermark == s(3)
+
+
+@pytest.mark.parametrize(("policy", "sent"), [
+    (NONE, []),
+    (SKIP, [Fire(s(25), s(25))]),
+    (RUN_ONCE, [Fire(s(1), s(25), covers_from=s(1), covers_to=s(25))]),
+    (ALL, [Fire(s(i), s(i)) for i in range(1, 26)]),
+])
+def test_each_catch_up_policy_after_a_30_second_outage(policy, sent):
+    """Down from T0 to T0+30 s, grace 5 s: ticks 1..25 were missed (the policy decides), 26..30 are on time."""
+    plan = plan_ticks(EVERY_SECOND, T0, s(30), catch_up=policy, grace=5.0, max_catch_up=100)
+    on_time = [Fire(s(i), s(i)) for i in range(26, 31)]
+    assert list(plan.fires) == sent + on_time
+    assert plan.watermark == s(30) and plan.cut == 0
+
+
+def test_all_is_bounded_and_says_what_it_cut_and_its_last_send_carries_the_watermark_past_them():
+    plan = plan_ticks(EVERY_SECOND, T0, s(30), catch_up=ALL, grace=5.0, max_catch_up=10)
+    assert [f.tick for f in plan.fires] == [s(i) for i in range(1, 11)] + [s(i) for i in range(26, 31)]
+    assert plan.fires[9] == Fire(s(10), s(25)), "the tenth send moves the watermark past the 15 cut"
+    assert (plan.cut, plan.cut_exact) == (15, True)
+
+
+def test_bad_policies_and_bounds_are_refused():
+    with pytest.raises(ValueError, match="catch_up must be one of"):
+        plan_ticks(EVERY_SECOND, T0, s(3), catch_up="later", grace=5.0, max_catch_up=100)
+    with pytest.raises(ValueError, match="max_catch_up must be at least 1"):
+        plan_ticks(EVERY_SECOND, T0, s(3), catch_up=ALL, grace=5.0, max_catch_up=0)
