@@ -144,7 +144,24 @@ def autocommit(engine: Engine) -> Engine:
                 found = _autocommit_engines[key] = sa.create_engine(
                     engine.url, isolation_level="AUTOCOMMIT", pool_pre_ping=False,
                     connect_args=network_timeouts(engine.url.render_as_string(hide_password=False)))
+                _share_disconnects(engine, found)
     return found
+
+
+def _share_disconnects(one: Engine, other: Engine) -> None:
+    """Two pools to one database drop their idle connections together.
+
+    A disconnect met on one engine makes SQLAlchemy drop that engine's whole
+    pool (its other connections died with the same server or link); the
+    sibling's idle connections died too, and would each fail once more after
+    the database is back — a second outage report for one outage.
+    """
+    for engine, sibling in ((one, other), (other, one)):
+        def drop_sibling(context: Any, sibling: Engine = sibling) -> None:
+            if context.is_disconnect:
+                sibling.dispose(close=False)
+
+        sa.event.listen(engine, "handle_error", drop_sibling)
 
 
 def dispose_all() -> None:
