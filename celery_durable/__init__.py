@@ -8,6 +8,7 @@ from typing import Any
 from celery_durable import outbox
 from celery_durable.config import DurableConfig, from_celery_conf
 from celery_durable.errors import (
+    BeatEntryInvalid,
     ConfigInvalid,
     DurableError,
     InvariantBroken,
@@ -29,6 +30,7 @@ from celery_durable.worker.boot import register as _register_pool
 from celery_durable.worker.cli_options import add_worker_options
 
 __all__ = [
+    "BeatEntryInvalid",
     "ConfigInvalid",
     "DurableConfig",
     "DurableError",
@@ -40,6 +42,7 @@ __all__ = [
     "OutboxInvalid",
     "RunNotDead",
     "RunNotFound",
+    "Scheduler",
     "SchemaOutdated",
     "StepNameInvalid",
     "StoreUnavailable",
@@ -74,3 +77,14 @@ def install(app: Any) -> Any:
     if not isinstance(getattr(app, "durable_task", None), functools.partial):
         app.durable_task = functools.partial(durable_task, app)
     return app
+
+
+def __getattr__(name: str) -> Any:
+    # ``celery beat -S celery_durable.Scheduler``: imported when asked for, so a worker or a
+    # publisher never loads celery.beat.
+    if name == "Scheduler":
+        from celery_durable.beat.scheduler import Scheduler
+
+        return Scheduler
+    raise AttributeError(f"module 'celery_durable' has no attribute {name!r}")
+

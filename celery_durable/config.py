@@ -81,6 +81,13 @@ class DurableConfig:
     #: Seconds a run's lease outlives its holder's last heartbeat (renewed every third of it):
     #: how long a run whose worker died waits before another delivery takes it over.
     lease_ttl: float = DEFAULT_LEASE_TTL
+    #: Durable beat (``celery beat -S celery_durable.Scheduler``): seconds the leader's lease
+    #: outlives its last renewal — how long a standby waits for a leader that died.
+    beat_lease_ttl: float = 10.0
+    #: ``durable_catch_up: "all"``: the most missed ticks one catch-up sends.
+    beat_max_catch_up: int = 100
+    #: The beat's name in the store (one leader per name); None: the app's main module's name.
+    beat_name: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_in_flight is not None:
@@ -122,6 +129,11 @@ class DurableConfig:
         positive_seconds("durable_relay_poll_interval", self.relay_poll_interval)
         positive_seconds("durable_outbox_retention", self.outbox_retention)
         positive_seconds("durable_lease_ttl", self.lease_ttl)
+        positive_seconds("durable_beat_lease_ttl", self.beat_lease_ttl)
+        whole_number("durable_beat_max_catch_up", self.beat_max_catch_up)
+        if self.beat_name is not None and (not isinstance(self.beat_name, str) or not self.beat_name
+                                           or len(self.beat_name) > 200):
+            raise ConfigInvalid("durable_beat_name", f"must be a name of 1 to 200 characters, got {self.beat_name!r}")
 
     @property
     def metrics_ports(self) -> tuple[int, int] | None:

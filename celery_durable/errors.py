@@ -127,3 +127,9 @@ class HostIncompatible(DurableError):
     """The installed Celery, kombu, billiard or py-amqp lacks an internal ``-P durable`` relies on."""
 
     code = "durable.host.incompatible"
+
+
+class BeatEntryInvalid(DurableError):
+    """A ``beat_schedule`` entry the durable beat cannot run: refused at start, naming the entry."""
+
+    code = "durable.beat.entry_invalid"

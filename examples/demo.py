@@ -40,6 +40,33 @@ def start_worker(log_path: Path) -> subprocess.Popen[bytes]:
     )
 
 
+def start_beat(log_path: Path) -> subprocess.Popen[bytes]:
+    log = open(log_path, "wb")
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "examples.proj", "beat", "-S", "celery_durable.Scheduler",
+         "-l", "info"],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def beat_ticks(at_least: int, since: float) -> list[tuple[str, str]]:
+    """Wait for ``at_least`` heartbeat sends fired after ``since`` (Unix time) to have run; returns
+    (tick, task id) of each of them (an earlier demo's, kept in the same store, are left out)."""
+    from celery_durable.store import beat as beat_store
+    from celery_durable.store.engine import engine_for
+
+    deadline = time.monotonic() + RESULT_TIMEOUT
+    while True:
+        with engine_for(app.conf.durable_database_url).connect() as conn:
+            sent = [(tick.isoformat(), task_id) for _, tick, task_id, _ in beat_store.fired(conn, "proj", "heartbeat")
+                    if tick.timestamp() >= since]
+        if len(sent) >= at_least and all(app.AsyncResult(task_id).state == "SUCCESS" for _, task_id in sent):
+            return sent
+        if time.monotonic() > deadline:
+            sys.exit(f"the beat's heartbeat did not run {at_least} times in {RESULT_TIMEOUT:.0f}s")
+        time.sleep(0.2)
+
+
 def wait_ready(worker: subprocess.Popen[bytes], log_path: Path) -> None:
     deadline = time.monotonic() + READY_TIMEOUT
     while " ready." not in log_path.read_text(errors="replace"):
@@ -74,6 +101,8 @@ def main() -> int:
     print(f"broker:  {app.conf.broker_url}")
     print(f"worker:  celery -A examples.proj worker -P durable -Q default,emails,reports  (log: {log_path})")
     worker = start_worker(log_path)
+    beat_log = REPO / "examples" / "beat.log"
+    beat = None
     try:
         wait_ready(worker, log_path)
         began = time.monotonic()
@@ -88,8 +117,16 @@ def main() -> int:
         # The worker's outbox relay publishes the committed row; the rolled-back one never existed.
         fulfilled = app.AsyncResult(kept_id).get(timeout=RESULT_TIMEOUT)
         dropped_state = app.AsyncResult(dropped_id).state
+        print(f"beat:    celery -A examples.proj beat -S celery_durable.Scheduler  (log: {beat_log})")
+        beat_started = time.time()
+        beat = start_beat(beat_log)
+        ticks = beat_ticks(at_least=3, since=beat_started)
+        beat.send_signal(signal.SIGTERM)
+        beat_code = beat.wait(timeout=30)
     except BaseException:
         worker.kill()
+        if beat is not None:
+            beat.kill()
         raise
     expected = [i + i for i in range(20)]
     ok = values[:20] == expected and len(values) == 34
@@ -98,6 +135,9 @@ def main() -> int:
     ok = ok and fulfilled["charge"] == "ch_1" and dropped_state == "PENDING"
     print(f"outbox:  committed order fulfilled by a durable task: {fulfilled}; "
           f"rolled-back order's task never sent (state {dropped_state})")
+    ok = ok and beat_code == 0 and len({task_id for _, task_id in ticks}) == len(ticks)
+    print(f"beat:    {len(ticks)} heartbeat ticks sent once each and run (first {ticks[0][0]}); "
+          f"the replica released its lease on SIGTERM and exited {beat_code}")
     for line in log_path.read_text(errors="replace").splitlines():
         if "durable.worker.capacity" in line:
             print("worker:  " + line.split("] ", 1)[-1])

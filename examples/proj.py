@@ -35,6 +35,13 @@ app.conf.update(
     durable_max_in_flight=4,
     durable_queue_concurrency={"reports": 1},
     durable_database_url=os.environ.get("DURABLE_STORE_URL", f"sqlite:///{HERE}/durable-store.sqlite"),
+    # Run by `celery -A examples.proj beat -S celery_durable.Scheduler` on one host or several:
+    # one replica leads, each tick is sent once, ticks missed while every replica was down follow
+    # the entry's durable_catch_up ("skip" unless told).
+    beat_schedule={
+        "heartbeat": {"task": "examples.proj.heartbeat", "schedule": 1.0,
+                      "options": {"durable_catch_up": "skip"}},
+    },
 )
 
 
@@ -70,3 +77,10 @@ def fulfil(self, order_id: int) -> dict[str, object]:
     paid = self.step("charge", charge, order_id)
     receipt = self.step("receipt", send_receipt, order_id, paid["id"])
     return {"order": order_id, "charge": paid["id"], "receipt": receipt}
+
+
+@app.task(bind=True)
+def heartbeat(self) -> str:
+    """Sent every second by the durable beat; its task id names its tick (the same on every replica)."""
+    return f"tick {(self.request.headers or {}).get('durable_beat_tick')}"
+

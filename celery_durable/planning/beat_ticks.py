@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from celery.schedules import schedule as celery_schedule
+
 NONE = "none"
 SKIP = "skip"
 RUN_ONCE = "run_once"
@@ -66,6 +68,9 @@ class TickPlan:
     #: they were too many to count: see ``cut_exact``).
     cut: int = 0
     cut_exact: bool = True
+    #: The first and latest missed occurrences (None: nothing was missed).
+    missed_from: datetime | None = None
+    missed_to: datetime | None = None
     #: The first occurrence after ``watermark``: when to look again.
     next_due: datetime = field(default_factory=lambda: datetime.max.replace(tzinfo=timezone.utc))
 
@@ -97,12 +102,19 @@ def occurrences(schedule: Any, after: datetime, until: datetime) -> Iterator[dat
 def latest_occurrence(schedule: Any, after: datetime, until: datetime) -> datetime | None:
     """The latest occurrence in (``after``, ``until``], or None, in O(log) schedule calls.
 
-    Gallops back from ``until`` (1 s, 2 s, 4 s, ...) to a start with an
-    occurrence before ``until``, then walks forward from there.
+    An interval counts its occurrences from ``after``. A calendar schedule
+    (crontab, solar) has the same occurrences from any start: gallop back from
+    ``until`` (1 s, 2 s, 4 s, ...) to a start with an occurrence before
+    ``until``, then walk forward from there.
     """
     first = next_occurrence(schedule, after)
     if first > until:
         return None
+    if isinstance(schedule, celery_schedule) and not schedule.relative:
+        # An interval's occurrences are counted from ``after`` (the last one), not set by the
+        # calendar: galloping from another start would leave the entry's own grid.
+        every: timedelta = schedule.run_every
+        return after + every * ((until - after) // every)
     back = timedelta(seconds=1)
     while True:
         start = max(until - back, after)
@@ -126,6 +138,7 @@ def plan_ticks(schedule: Any, watermark: datetime, now: datetime, *, catch_up: s
     on_time_from = now - timedelta(seconds=grace)
     fires: list[Fire] = []
     cut, cut_exact = 0, True
+    missed_first = None
     missed_latest = latest_occurrence(schedule, watermark, on_time_from)
     if missed_latest is not None:
         missed_first = next_occurrence(schedule, watermark)
@@ -145,7 +158,8 @@ def plan_ticks(schedule: Any, watermark: datetime, now: datetime, *, catch_up: s
     fires.extend(Fire(tick, tick) for tick in occurrences(schedule, watermark, now))
     if fires:
         watermark = max(watermark, fires[-1].watermark)
-    return TickPlan(tuple(fires), watermark, cut, cut_exact, next_occurrence(schedule, watermark))
+    return TickPlan(tuple(fires), watermark, cut, cut_exact, missed_first, missed_latest,
+                    next_occurrence(schedule, watermark))
 
 
 def _take(iterator: Iterator[datetime], count: int) -> list[datetime]:

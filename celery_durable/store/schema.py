@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 #: The Alembic revision the code reads and writes; a database behind it must be migrated.
-HEAD_REVISION = "0005_limit_fast_path"
+HEAD_REVISION = "0006_durable_beat"
 
 #: The databases the store's SQL is written for (SQLAlchemy backend names; any driver of them).
 SUPPORTED_BACKENDS = ("postgresql", "sqlite")
@@ -135,4 +135,43 @@ rate_limits = sa.Table(
     metadata,
     sa.Column("task_name", sa.String(255), primary_key=True),
     sa.Column("tat", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+# Durable beat (celery_durable.store.beat). One row per beat (its name: the app's main
+# module unless set): the replica leading it, until when, and the term — raised each
+# time the lease changes hands, so a fire can name the leadership it was made under.
+beat_leader = sa.Table(
+    "durable_beat_leader",
+    metadata,
+    sa.Column("beat", sa.String(200), primary_key=True),
+    sa.Column("holder", sa.String(64), nullable=False),
+    sa.Column("term", sa.BigInteger, nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# Each entry's watermark: the latest occurrence decided (sent, or passed over by its
+# catch-up policy), written in the transaction of the fire that moves it.
+beat_entries = sa.Table(
+    "durable_beat_entries",
+    metadata,
+    sa.Column("beat", sa.String(200), primary_key=True),
+    sa.Column("entry", sa.String(200), primary_key=True),
+    sa.Column("watermark", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("paused", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("last_fire_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("last_tick", sa.DateTime(timezone=True), nullable=True),
+)
+
+# Every tick sent, unique per (beat, entry, tick): a tick is fired once whoever leads.
+beat_fires = sa.Table(
+    "durable_beat_fires",
+    metadata,
+    sa.Column("beat", sa.String(200), primary_key=True),
+    sa.Column("entry", sa.String(200), primary_key=True),
+    sa.Column("tick", sa.DateTime(timezone=True), primary_key=True),
+    sa.Column("task_id", sa.String(255), nullable=False),
+    sa.Column("term", sa.BigInteger, nullable=False),
+    sa.Column("fired_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ix_durable_beat_fires_fired_at", "fired_at"),
 )

@@ -54,7 +54,7 @@ class Scenario:
         self.observer = redis.Redis.from_url(OBSERVE_URL)
         self.producer = Celery("e2e-producer", broker=self.broker_url)
         self.producer.conf.broker_connection_retry_on_startup = True
-        self._workers: list[WorkerProcess] = []
+        self._workers: list[WorkerProcess | BeatProcess] = []
 
     def reconnect_producer(self) -> None:
         """A fresh producer app, for after the broker closed every connection."""
@@ -139,6 +139,13 @@ class Scenario:
                                concurrency, list(extra_args), app=app, broker_url=broker_url)
         self._workers.append(worker)
         return worker
+
+    def beat(self, *, conf: dict[str, Any] | None = None, entries: dict[str, Any] | None = None,
+             app: str = "tests.e2e.beatapp", extra_args: Sequence[str] = ()) -> BeatProcess:
+        """A ``celery beat -S celery_durable.Scheduler`` replica of ``app`` (tests/e2e/beatapp.py)."""
+        beat = BeatProcess(self, conf or {}, entries or {}, app=app, extra_args=list(extra_args))
+        self._workers.append(beat)  # killed at cleanup like a worker
+        return beat
 
     def cleanup(self) -> None:
         for worker in self._workers:
@@ -251,3 +258,71 @@ class WorkerProcess:
                     pass
             self.process.wait(timeout=30)
         self._log.close()
+
+
+class BeatProcess:
+    """A ``celery -A tests.e2e.beatapp beat -S celery_durable.Scheduler`` subprocess: one replica."""
+
+    def __init__(self, scenario: Scenario, conf: dict[str, Any], entries: dict[str, Any], *, app: str,
+                 extra_args: list[str]) -> None:
+        self.scenario = scenario
+        self.log_path = Path(os.environ.get("E2E_LOG_DIR", "/tmp")) / f"e2e-beat-{uuid.uuid4().hex[:8]}.log"
+        env = dict(os.environ)
+        env.update(
+            E2E_BROKER=scenario.broker_url,
+            E2E_QUEUES=",".join(scenario.queues),
+            E2E_CONF=json.dumps(conf),
+            E2E_KEY=scenario.key,
+            E2E_OBSERVE=OBSERVE_URL,
+            E2E_BEAT=json.dumps(entries),
+            PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+        )
+        args = [sys.executable, "-m", "celery", "-A", app, "beat", "-S", "celery_durable.Scheduler", "-l", "info",
+                *extra_args]
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(args, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    @property
+    def holder(self) -> str | None:
+        """This replica's lease token, from its start-up line (None before it logged one)."""
+        for line in self.log().splitlines():
+            if "durable.beat.started" in line:
+                return line.split("holder=")[1].split()[0]
+        return None
+
+    def wait_started(self, timeout: float = 30.0) -> BeatProcess:
+        def started() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"beat exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+            return self.holder is not None
+        wait_for(started, timeout=timeout, what="the beat replica to start", every=0.05)
+        return self
+
+    def signal(self, signum: int) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait for the exit code."""
+        self.signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        finally:
+            self._log.close()
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a stopped replica must die too
+            self.process.kill()
+            self.process.wait(timeout=30)
+        self._log.close()
+

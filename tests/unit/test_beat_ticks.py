@@ -42,6 +42,17 @@ def test_the_latest_occurrence_is_found_without_walking_a_long_outage():
     assert latest_occurrence(EVERY_SECOND, T0, s(0.5)) is None
 
 
+def test_an_interval_keeps_the_grid_of_its_watermark_through_a_catch_up():
+    """An interval's ticks are counted from its last one: the latest missed is on that grid, never at
+    an instant the outage happened to end on."""
+    watermark = s(0.3)
+    assert latest_occurrence(EVERY_SECOND, watermark, s(29.9)) == s(29.3)
+    plan = plan_ticks(EVERY_SECOND, watermark, s(30), catch_up=SKIP, grace=5.0, max_catch_up=100)
+    assert [f.tick for f in plan.fires] == [s(24.3)] + [s(25.3 + i) for i in range(5)]
+    plan = plan_ticks(EVERY_SECOND, watermark, s(30), catch_up=NONE, grace=5.0, max_catch_up=100)
+    assert plan.missed_to == s(24.3) and plan.fires[0].tick == s(25.3)
+
+
 def test_a_running_leader_sends_each_tick_once_and_its_watermark_rides_the_fire():
     plan = plan_ticks(EVERY_SECOND, T0, s(3.2), catch_up=NONE, grace=5.0, max_catch_up=100)
     assert plan.fires == (Fire(s(1), s(1)), Fire(s(2), s(2)), Fire(s(3), s(3)))

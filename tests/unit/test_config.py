@@ -48,6 +48,7 @@ SECONDS_SETTINGS = [
     "durable_restore_interval",
     "durable_drain_timeout",
     "durable_idle_poll_interval",
+    "durable_beat_lease_ttl",
 ]
 
 
@@ -506,3 +507,19 @@ def test_an_override_replaces_the_setting_and_is_checked_like_it():
     assert (config.max_in_flight, config.queue_slots) == (4, {"b": 2})
     with pytest.raises(ConfigInvalid, match="durable_max_in_flight must be a whole number >= 1, got 0"):
         from_celery_conf(conf, {"durable_max_in_flight": 0})
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "100", True])
+def test_the_beat_catch_up_bound_must_be_a_whole_number_of_at_least_one(value):
+    assert_names(refused({"durable_beat_max_catch_up": value}), "durable_beat_max_catch_up")
+
+
+@pytest.mark.parametrize("value", ["", 7, "x" * 201])
+def test_the_beat_name_must_be_a_short_string(value):
+    assert_names(refused({"durable_beat_name": value}), "durable_beat_name")
+
+
+def test_the_beat_settings_default_to_a_ten_second_lease_and_a_hundred_catch_up_sends():
+    config = from_celery_conf({})
+    assert (config.beat_lease_ttl, config.beat_max_catch_up, config.beat_name) == (10.0, 100, None)
+

@@ -1,0 +1,1 @@
+"""The durable beat: ``celery beat -S celery_durable.Scheduler`` on any number of hosts, one leading."""

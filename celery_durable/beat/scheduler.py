@@ -1,0 +1,303 @@
+"""``celery beat -S celery_durable.Scheduler``: run beat on as many hosts as you like; one leads.
+
+Each round (``tick``) a replica takes or renews the beat's lease in the
+durable store. The leader plans each entry from its stored watermark
+(``planning.beat_ticks``) and fires each due tick in one transaction: the
+lease checked (fencing), the tick recorded, the watermark moved, and the task
+enqueued through the outbox with an id derived from (beat, entry, tick).
+Then it publishes what it enqueued (an outbox relay pass; any worker's relay
+would too). A standby asks for the lease at least once a second, so it
+takes over within one lease TTL of the leader's last renewal.
+
+Nothing is kept on local disk: ``schedule_filename`` is ignored.
+
+SIGTERM or SIGINT (in the main thread): the round in progress finishes — no
+fire is cut in half — then the lease is released so a standby takes over at
+once, and beat exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery.beat import Scheduler as CeleryScheduler
+from sqlalchemy.engine import Connection
+
+from celery_durable import outbox
+from celery_durable.beat.entries import BeatEntry, read_entries
+from celery_durable.config import from_celery_conf
+from celery_durable.errors import DurableError
+from celery_durable.leases.keeper import new_token
+from celery_durable.metrics import beat as beat_metrics
+from celery_durable.metrics import registry
+from celery_durable.outbox.relay import Relay
+from celery_durable.planning.beat_ticks import Fire, TickPlan, plan_ticks
+from celery_durable.store import beat as store
+from celery_durable.store.engine import ensure_schema, store_url, unavailable_as_error
+from celery_durable.store.runs import now as utc_now
+
+logger = logging.getLogger("celery_durable.beat")
+
+#: The namespace of the task ids of beat sends: uuid5(namespace, "beat/entry/tick").
+TASK_ID_NAMESPACE = uuid.UUID("6f1d3b1e-5b7c-4d4e-9a57-2c0c2f0b7a61")
+
+#: Most seconds between two rounds of a standby (how soon it sees a lease free).
+STANDBY_POLL = 0.5
+
+
+def fire_task_id(beat: str, entry: str, tick: datetime) -> str:
+    """The task id of the send of ``entry``'s ``tick``: the same on every replica, for every retry."""
+    return str(uuid.uuid5(TASK_ID_NAMESPACE, f"{beat}\x1f{entry}\x1f{tick.isoformat()}"))
+
+
+class Scheduler(CeleryScheduler):  # type: ignore[misc]
+    """A beat scheduler whose replicas elect one leader through the durable store."""
+
+    def __init__(self, app: Any, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
+        kwargs.pop("schedule_filename", None)  # no local state
+        try:
+            self.config = from_celery_conf(app.conf)
+        except DurableError as err:
+            raise SystemExit(f"celery_durable beat refused to start: {err}") from None
+        self.url = store_url(app)
+        self.beat = self.config.beat_name or app.main or "celery"
+        self.ttl = self.config.beat_lease_ttl
+        #: Seconds late a tick is still sent as due (a handover is not an outage): a standby sees the
+        #: lease free at most ``STANDBY_POLL`` after it expires, one TTL after the last renewal.
+        self.grace = self.ttl + 2 * STANDBY_POLL
+        self.holder = new_token()
+        self.term: int | None = None
+        #: Monotonic time until which this replica's lease is surely live (renewed before, less a margin).
+        self._leads_until = 0.0
+        self._renew_at = 0.0
+        self._stopping = False
+        self._in_round = False
+        self.entries: dict[str, BeatEntry] = {}
+        self.relay: Relay | None = None
+        self.fired = 0
+        super().__init__(app, *args, lazy=lazy, **kwargs)
+        if not lazy:
+            self._install_stop_handlers()
+            self._serve_metrics()
+
+    # -- celery.beat.Scheduler -------------------------------------------------------------
+    def setup_schedule(self) -> None:
+        self.app.loader.import_default_modules()
+        try:
+            self.entries = read_entries(self.app, self.app.conf.beat_schedule or {})
+        except DurableError as err:
+            # One line naming the entry, exit status 1 (beat starts nothing; a supervisor sees it).
+            raise SystemExit(f"celery_durable beat refused to start: {err}") from None
+        ensure_schema(self.url)
+        self.relay = Relay(self.app, url=self.url, listen=False)
+        logger.info("durable.beat.started beat=%s holder=%s entries=%s lease_ttl=%s", self.beat, self.holder,
+                    ",".join(sorted(self.entries)) or "-", self.ttl)
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One round; returns the seconds to sleep before the next."""
+        self._in_round = True
+        try:
+            return self._round()
+        finally:
+            self._in_round = False
+            if self._stopping:
+                raise SystemExit()  # the round is done: beat's own shutdown releases the lease (close)
+
+    def sync(self) -> None:
+        pass  # the store is the state; nothing to write
+
+    def close(self) -> None:
+        if self._in_round:
+            self._stopping = True  # released once the round finishes (tick raises SystemExit then)
+            return
+        self._release()
+
+    @property
+    def info(self) -> str:
+        return f"    . durable beat {self.beat!r} (lease {self.ttl:g} s, store {self.url.split('@')[-1]})"
+
+    # -- a round ---------------------------------------------------------------------------
+    def _round(self) -> float:
+        now = utc_now()
+        try:
+            self._renew(now)
+        except Exception as err:  # noqa: BLE001 - the store is down: lead nothing, try again shortly
+            self._lost("store_unavailable", err)
+            return STANDBY_POLL
+        if self.term is None:
+            return STANDBY_POLL
+        due: list[datetime] = []
+        for entry in list(self.entries.values()):
+            if self._stopping or not self._still_leads():
+                break
+            try:
+                next_due = self._run_entry(entry)
+            except Exception as err:  # noqa: BLE001 - reported; the entry is tried again next round
+                logger.warning("durable.beat.entry_failed entry=%s error=%r: tried again next round", entry.name,
+                               err, extra={"event": "durable.beat.entry_failed"})
+                next_due = utc_now() + timedelta(seconds=STANDBY_POLL)
+            if next_due is not None:
+                due.append(next_due)
+        self._publish()
+        renew_in = self.ttl / 3.0
+        until_due = min(((d - utc_now()).total_seconds() for d in due), default=renew_in)
+        return max(0.0, min(until_due, renew_in, float(self.max_interval)))
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        """A store transaction of this replica. PostgreSQL: one the server ends if this process stops
+        inside it (SIGSTOP, a frozen VM) for a lease TTL, so a fire's lock on the lease row cannot keep
+        a standby from taking over."""
+        with unavailable_as_error(self.url), ensure_schema(self.url).begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {int(self.ttl * 1000)}")
+            yield conn
+
+    def _run_entry(self, entry: BeatEntry) -> datetime | None:
+        with self._transaction() as conn:
+            store.add_entry(conn, self.beat, entry.name, utc_now())
+            state = store.entry_states(conn, self.beat)[entry.name]
+        if state.paused:
+            return None
+        plan = plan_ticks(entry.schedule, state.watermark, utc_now(), catch_up=entry.catch_up, grace=self.grace,
+                          max_catch_up=self.config.beat_max_catch_up)
+        if plan.missed_from is not None:
+            logger.info("durable.beat.caught_up entry=%s policy=%s missed_from=%s missed_to=%s", entry.name,
+                        entry.catch_up, plan.missed_from.isoformat(), (plan.missed_to or plan.missed_from).isoformat(),
+                        extra={"event": "durable.beat.caught_up"})
+        if plan.cut:
+            logger.warning("durable.beat.catch_up_cut entry=%s sent=%d cut=%s%d: durable_beat_max_catch_up bounds "
+                           "a catch-up", entry.name, sum(1 for f in plan.fires if f.covers_from is None),
+                           "" if plan.cut_exact else "at least ", plan.cut,
+                           extra={"event": "durable.beat.catch_up_cut"})
+        for fire in plan.fires:
+            if self._stopping or not self._still_leads() or not self._fire(entry, fire):
+                return None
+        if plan.watermark > state.watermark and (not plan.fires or plan.fires[-1].watermark < plan.watermark):
+            self._advance(entry, plan)
+        return plan.next_due
+
+    def _fire(self, entry: BeatEntry, fire: Fire) -> bool:
+        """Send one tick; False when this replica no longer leads (it stops firing)."""
+        assert self.term is not None
+        task_id = fire_task_id(self.beat, entry.name, fire.tick)
+        headers = dict(entry.options.get("headers") or {})
+        headers.update(celery_beat_task=True, durable_beat_entry=entry.name, durable_beat_tick=fire.tick.isoformat())
+        if fire.covers_from is not None and fire.covers_to is not None:
+            headers.update(durable_beat_missed_from=fire.covers_from.isoformat(),
+                           durable_beat_missed_to=fire.covers_to.isoformat())
+        options = {**entry.options, "headers": headers}
+        now = utc_now()
+        with self._transaction() as conn:
+            if not store.still_leads(conn, self.beat, self.holder, self.term, now):
+                self._lost("lease_moved", None)
+                return False
+            if store.fire(conn, self.beat, entry.name, fire.tick, fire.watermark, task_id, self.term, now):
+                outbox.enqueue(conn, self.app.signature(entry.task, entry.args, entry.kwargs), task_id=task_id,
+                               **options)
+                fired = True
+            else:
+                fired = False
+        if fired:
+            self.fired += 1
+            beat_metrics.fired(self.beat, entry.name, fire.tick, now)
+            logger.info("durable.beat.fired entry=%s tick=%s id=%s lag=%.3f", entry.name, fire.tick.isoformat(),
+                        task_id, (now - fire.tick).total_seconds(), extra={"event": "durable.beat.fired"})
+        return True
+
+    def _advance(self, entry: BeatEntry, plan: TickPlan) -> None:
+        assert self.term is not None
+        with self._transaction() as conn:
+            if store.still_leads(conn, self.beat, self.holder, self.term, utc_now()):
+                store.advance(conn, self.beat, entry.name, plan.watermark)
+
+    def _publish(self) -> None:
+        if self.relay is None:
+            return
+        try:
+            while self.relay.run_pass().published == self.relay.batch_size:
+                pass
+        except Exception as err:  # noqa: BLE001 - the rows stay in the outbox: any relay publishes them
+            logger.warning("durable.beat.publish_failed error=%r: the sends wait in the outbox", err)
+
+    # -- the lease -------------------------------------------------------------------------
+    def _renew(self, now: datetime) -> None:
+        started = time.monotonic()
+        with self._transaction() as conn:
+            term = store.lead(conn, self.beat, self.holder, self.ttl, now)
+        if term is None:
+            if self.term is not None:
+                self._lost("lease_taken", None)
+            return
+        beat_metrics.leading(self.beat, True)
+        if term != self.term:
+            logger.info("durable.beat.leading beat=%s holder=%s term=%d", self.beat, self.holder, term,
+                        extra={"event": "durable.beat.leading"})
+        self.term = term
+        # Live for a TTL from ``now``; count from before the round trip, and keep a margin.
+        self._leads_until = started + self.ttl * 0.8
+        self._renew_at = started + self.ttl / 3.0
+
+    def _still_leads(self) -> bool:
+        """Asked before every send: answered from memory while the lease is young; a round long
+        enough to use a third of it (a big catch-up) renews it first."""
+        if self.term is None:
+            return False
+        if time.monotonic() >= self._renew_at:
+            try:
+                self._renew(utc_now())
+            except Exception as err:  # noqa: BLE001 - cannot vouch for the lease: stop sending
+                self._lost("store_unavailable", err)
+        return self.term is not None and time.monotonic() < self._leads_until
+
+    def _lost(self, why: str, err: BaseException | None) -> None:
+        if self.term is not None:
+            logger.warning("durable.beat.not_leading beat=%s holder=%s why=%s%s", self.beat, self.holder, why,
+                           f" error={err!r}" if err is not None else "", extra={"event": "durable.beat.not_leading"})
+        self.term = None
+        self._leads_until = 0.0
+        beat_metrics.leading(self.beat, False)
+
+    def _release(self) -> None:
+        if self.term is None:
+            return
+        try:
+            with self._transaction() as conn:
+                store.release(conn, self.beat, self.holder)
+            logger.info("durable.beat.released beat=%s holder=%s", self.beat, self.holder,
+                        extra={"event": "durable.beat.released"})
+        except Exception as err:  # noqa: BLE001 - the lease expires one TTL after the last renewal
+            logger.warning("durable.beat.release_failed error=%r: a standby takes over when it expires", err)
+        self.term = None
+        beat_metrics.leading(self.beat, False)
+
+    def _serve_metrics(self) -> None:
+        if self.config.metrics_port is None:
+            return
+        try:
+            port = registry.serve(self.config.metrics_host, self.config.metrics_port)
+        except DurableError as err:
+            raise SystemExit(f"celery_durable beat refused to start: {err}") from None
+        beat_metrics.leading(self.beat, False)
+        logger.info("durable.beat.metrics port=%s", port)
+
+    def _install_stop_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # embedded (worker -B): the worker's own shutdown stops it
+
+        def stop(signum: int, frame: Any) -> None:
+            if self._in_round:
+                self._stopping = True  # tick raises SystemExit when the round is done
+                return
+            raise SystemExit()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, stop)

@@ -1,0 +1,197 @@
+"""The durable beat end to end: real ``celery beat -S celery_durable.Scheduler`` replicas, a real
+``-P durable`` worker counting what it is sent by task id, a PostgreSQL store, Redis and RabbitMQ."""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from celery_durable.store import beat as beat_store
+from celery_durable.store.engine import engine_for
+from tests.e2e.durable_support import conf, durable_scenario  # noqa: F401 - durable_scenario is a fixture
+from tests.e2e.harness import BeatProcess, Scenario, wait_for
+
+APP = "tests.e2e.beatapp"
+BEAT = "e2e"  # the beat's name: the app's main module name (beatapp builds on e2eapp's Celery("e2e"))
+TTL = 3.0
+
+
+def _leader(url: str) -> beat_store.Leadership | None:
+    with engine_for(url).connect() as conn:
+        return beat_store.leadership(conn, BEAT)
+
+
+def _leading(url: str, replicas: list[BeatProcess]) -> BeatProcess:
+    """The replica holding a live lease now (waits for one)."""
+
+    def find() -> BeatProcess | None:
+        lead = _leader(url)
+        if lead is None or lead.expires_at < datetime.now(lead.expires_at.tzinfo):
+            return None
+        return next((r for r in replicas if r.holder == lead.holder and r.process.poll() is None), None)
+
+    return wait_for(find, timeout=TTL + 5, what="a replica to lead", every=0.05)
+
+
+def _fires(url: str, entry: str) -> list[tuple[datetime, str, int]]:
+    with engine_for(url).connect() as conn:
+        return [(tick, task_id, term) for _, tick, task_id, term in beat_store.fired(conn, BEAT, entry)]
+
+
+def _fired_at(url: str, entry: str) -> list[datetime]:
+    with engine_for(url).connect() as conn:
+        rows = conn.execute(beat_store.fires.select().where(beat_store.fires.c.entry == entry)
+                            .order_by(beat_store.fires.c.fired_at)).mappings().all()
+    return [row["fired_at"] for row in rows]
+
+
+def _started(s: Scenario, entry: str) -> list[dict[str, Any]]:
+    return [e for e in s.events() if e["e"] == "start" and e["label"] == entry]
+
+
+def _beat_conf(url: str, **extra: Any) -> dict[str, Any]:
+    return conf(url, **{"durable_beat_lease_ttl": TTL, **extra})
+
+
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+def test_three_replicas_send_every_tick_once_through_two_kills_and_a_sigterm(durable_scenario, broker_kind):
+    """An entry every second for a minute; the leader SIGKILLed twice and SIGTERMed once (a fresh
+    replica started after each, on no local state): every tick in the window is sent exactly once —
+    counted by task id at the worker — and no two sends are more than TTL + 1 s apart."""
+    s, url = durable_scenario("postgresql", broker_kind)
+    s.worker(conf=conf(url), queues=["q"], concurrency=4, app=APP).wait_ready()
+    entries = {"every1": {"every": 1}}
+    replicas = [s.beat(conf=_beat_conf(url), entries=entries).wait_started() for _ in range(3)]
+    started = time.monotonic()
+    exits: list[int] = []
+    for at, how in ((12, signal.SIGKILL), (27, signal.SIGKILL), (42, signal.SIGTERM)):
+        wait_for(lambda at=at: time.monotonic() - started >= at, timeout=at + 5, what=f"{at} s", every=0.1)
+        leader = _leading(url, replicas)
+        if how == signal.SIGKILL:
+            leader.kill()
+        else:
+            exits.append(leader.terminate())
+        replicas.append(s.beat(conf=_beat_conf(url), entries=entries).wait_started())
+    wait_for(lambda: time.monotonic() - started >= 60, timeout=65, what="the minute to pass", every=0.1)
+    for replica in replicas:
+        if replica.process.poll() is None:
+            assert replica.terminate() == 0
+    fires = _fires(url, "every1")
+    wait_for(lambda: len(_started(s, "every1")) >= len(fires), timeout=20, what="the worker to run every send")
+
+    assert exits == [0], "a SIGTERMed replica exits 0"
+    ticks = [tick for tick, _, _ in fires]
+    assert len(ticks) >= 55, f"a minute of ticks, got {len(ticks)}"
+    assert all(b - a == timedelta(seconds=1) for a, b in zip(ticks, ticks[1:])), "every tick, none skipped"
+    sent = _started(s, "every1")
+    assert sorted(e["id"] for e in sent) == sorted(task_id for _, task_id, _ in fires), "each tick sent once"
+    assert len({e["id"] for e in sent}) == len(sent), "no task id ran twice"
+    assert len({term for _, _, term in fires}) == 4, "four leaders: the first, and one after each stop"
+    fired_at = _fired_at(url, "every1")
+    gaps = [(b - a).total_seconds() for a, b in zip(fired_at, fired_at[1:])]
+    assert max(gaps) <= TTL + 1.0, f"largest gap between sends {max(gaps):.2f} s"
+
+
+def test_a_stale_leader_resumed_after_its_lease_moved_sends_nothing(durable_scenario):
+    """The leader is stopped (SIGSTOP) past its TTL; a standby takes over; the old leader, resumed, finds
+    the lease gone and sends nothing more. Every tick is still sent once."""
+    s, url = durable_scenario("postgresql", "redis")
+    s.worker(conf=conf(url), queues=["q"], concurrency=4, app=APP).wait_ready()
+    entries = {"every1": {"every": 1}}
+    replicas = [s.beat(conf=_beat_conf(url), entries=entries).wait_started() for _ in range(2)]
+    stale = _leading(url, replicas)
+    wait_for(lambda: len(_fires(url, "every1")) >= 3, timeout=10, what="three sends")
+    stale.signal(signal.SIGSTOP)
+    fired_before = stale.log().count("durable.beat.fired")
+    standby = next(r for r in replicas if r is not stale)
+    wait_for(lambda: (_leader(url) or beat_store.Leadership("", 0, datetime.min)).holder == standby.holder,
+             timeout=TTL + 5, what="the standby to take over")
+    new_term = (_leader(url) or beat_store.Leadership("", 0, datetime.min)).term
+    # The stale leader stays stopped while the new one sends three ticks under its term.
+    wait_for(lambda: sum(1 for *_, term in _fires(url, "every1") if term == new_term) >= 3, timeout=10,
+             what="three sends by the new leader")
+    stale.signal(signal.SIGCONT)
+    wait_for(lambda: "durable.beat.not_leading" in stale.log(), timeout=10,
+             what="the resumed replica to find it no longer leads")
+    wait_for(lambda: len(_fires(url, "every1")) >= 3 + 2 * int(TTL) + 3, timeout=15, what="more sends")
+    assert stale.log().count("durable.beat.fired") == fired_before, "the stale leader sent nothing once resumed"
+    fires = _fires(url, "every1")
+    ticks = [tick for tick, _, _ in fires]
+    assert all(b - a == timedelta(seconds=1) for a, b in zip(ticks, ticks[1:]))
+    wait_for(lambda: len(_started(s, "every1")) >= len(fires), timeout=10, what="every send to run")
+    assert sorted(e["id"] for e in _started(s, "every1")) == sorted(task_id for _, task_id, _ in fires)
+
+
+def _caught_up(replica: BeatProcess) -> dict[str, tuple[datetime, datetime]]:
+    """Per entry, the missed span the replica's catch-up log line names."""
+    spans = {}
+    for line in replica.log().splitlines():
+        if "durable.beat.caught_up" in line:
+            fields = dict(part.split("=", 1) for part in line.split("durable.beat.caught_up ")[1].split())
+            spans[fields["entry"]] = (datetime.fromisoformat(fields["missed_from"]),
+                                      datetime.fromisoformat(fields["missed_to"]))
+    return spans
+
+
+def test_each_catch_up_policy_sends_what_it_promises_after_a_30_second_outage(durable_scenario):
+    """Four entries every second, one per policy; every replica stopped for 30 s, then one started on a
+    fresh process: "none" sends nothing it missed, "skip" only the latest missed tick, "run_once" one
+    send standing for them all (the first, naming the span), "all" every one; each then goes on."""
+    s, url = durable_scenario("postgresql", "redis")
+    s.worker(conf=conf(url), queues=["q"], concurrency=4, app=APP).wait_ready()
+    policies = ("none", "skip", "run_once", "all")
+    entries = {policy: {"every": 1, "catch_up": policy} for policy in policies}
+    first = s.beat(conf=_beat_conf(url, durable_beat_lease_ttl=1.0), entries=entries).wait_started()
+    wait_for(lambda: all(len(_fires(url, p)) >= 3 for p in policies), timeout=15, what="three sends of each")
+    assert first.terminate() == 0
+    before = {p: _fires(url, p) for p in policies}
+    down = time.monotonic()
+    wait_for(lambda: time.monotonic() - down >= 30, timeout=35, what="a 30 s outage", every=0.2)
+    second = s.beat(conf=_beat_conf(url, durable_beat_lease_ttl=1.0), entries=entries).wait_started()
+    wait_for(lambda: set(_caught_up(second)) == set(policies), timeout=10, what="each entry to catch up")
+    wait_for(lambda: all(len(_fires(url, p)) >= len(before[p]) + 4 for p in policies), timeout=15,
+             what="each entry to go on after its catch-up")
+    assert second.terminate() == 0
+    spans = _caught_up(second)
+    for policy in policies:
+        last_before = before[policy][-1][0]
+        missed_from, missed_to = spans[policy]
+        assert missed_from == last_before + timedelta(seconds=1), policy
+        missed = round((missed_to - missed_from).total_seconds()) + 1
+        assert missed >= 25, f"{policy}: a 30 s outage misses most of its 30 ticks, the log says {missed}"
+        after = [tick for tick, _, _ in _fires(url, policy)][len(before[policy]):]
+        in_span = [tick for tick in after if tick <= missed_to]
+        on_time = [tick for tick in after if tick > missed_to]
+        assert on_time and on_time[0] == missed_to + timedelta(seconds=1), f"{policy}: goes on from the span"
+        assert all(b - a == timedelta(seconds=1) for a, b in zip(on_time, on_time[1:])), policy
+        expected = {"none": [], "skip": [missed_to], "run_once": [missed_from],
+                    "all": [missed_from + timedelta(seconds=i) for i in range(missed)]}[policy]
+        assert in_span == expected, f"{policy}: sent {len(in_span)} of the {missed} missed"
+    fires = [f for p in policies for f in _fires(url, p)]
+    wait_for(lambda: len(s.started()) >= len(fires), timeout=15, what="the worker to run every send")
+    assert sorted(e["id"] for e in s.started()) == sorted(task_id for _, task_id, _ in fires)
+    run_once = [e for e in s.started() if e["label"] == "run_once" and e["missed_from"] is not None]
+    assert [(e["missed_from"], e["missed_to"]) for e in run_once] == \
+        [(spans["run_once"][0].isoformat(), spans["run_once"][1].isoformat())], "the catch-up send names its span"
+
+
+@pytest.mark.parametrize(("spec", "named"), [
+    ({"every1": {"every": 1, "catch_up": "later"}}, "entry 'every1': options durable_catch_up must be one of"),
+    ({"ghost": {"raw": {"task": "no.such.task", "schedule": 1.0}}}, "entry 'ghost': task 'no.such.task' is not "
+                                                                    "registered"),
+    ({"cron": {"raw": {"task": "beat.tick", "schedule": "*/5 * * * *"}}}, "entry 'cron': schedule must be seconds, "
+                                                                        "a timedelta, a crontab"),
+    ({"never": {"raw": {"task": "beat.tick", "schedule": -1}}}, "entry 'never': schedule of -1 seconds"),
+])
+def test_a_bad_schedule_entry_is_refused_at_start_naming_it(durable_scenario, spec, named):
+    s, url = durable_scenario("postgresql", "redis")
+    replica = s.beat(conf=_beat_conf(url), entries=spec)
+    code = replica.wait_exit(timeout=30)
+    text = replica.log()
+    assert code == 1, text
+    assert f"celery_durable beat refused to start: beat_schedule {named}" in text, text
+    assert "Traceback" not in text, text
