@@ -13,13 +13,17 @@ Nothing is kept on local disk: ``schedule_filename`` is ignored.
 
 SIGTERM or SIGINT (in the main thread): the round in progress finishes — no
 fire is cut in half — then the lease is released so a standby takes over at
-once, and beat exits 0.
+once, and beat exits 0. SIGHUP: the same, then the replica starts again in
+place, reading the app's ``beat_schedule`` as it is configured now (entries
+added, removed or changed take effect; reload replicas one after another).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -79,6 +83,8 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         self._leads_until = 0.0
         self._renew_at = 0.0
         self._stopping = False
+        #: SIGHUP: once stopped (round finished, lease released), start again in place.
+        self._reloading = False
         self._in_round = False
         self.entries: dict[str, BeatEntry] = {}
         self.relay: Relay | None = None
@@ -119,6 +125,20 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             self._stopping = True  # released once the round finishes (tick raises SystemExit then)
             return
         self._release()
+        if self._reloading:
+            self._exec_again()
+
+    def _exec_again(self) -> None:
+        """SIGHUP: this replica starts again in place (same pid), reading the app's schedule anew —
+        how Celery's own worker takes SIGHUP. The lease went back first: another replica may lead."""
+        logger.info("durable.beat.reloading beat=%s: starting again with the schedule as configured now",
+                    self.beat, extra={"event": "durable.beat.reloading"})
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        argv = sys.argv[1:] if sys.argv[0].endswith(os.path.join("celery", "__main__.py")) else None
+        if argv is not None:
+            os.execv(sys.executable, [sys.executable, "-m", "celery", *argv])
+        os.execv(sys.executable, [sys.executable, *sys.argv])
 
     @property
     def info(self) -> str:
@@ -294,10 +314,11 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             return  # embedded (worker -B): the worker's own shutdown stops it
 
         def stop(signum: int, frame: Any) -> None:
+            self._reloading = self._reloading or signum == signal.SIGHUP
             if self._in_round:
                 self._stopping = True  # tick raises SystemExit when the round is done
                 return
             raise SystemExit()
 
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, stop)

@@ -119,11 +119,14 @@ def advance(conn: Connection, beat: str, entry: str, watermark: datetime) -> Non
                                         entries.c.watermark < watermark).values(watermark=watermark))
 
 
-def set_paused(conn: Connection, beat: str, entry: str, paused: bool) -> bool:
-    """Pause or resume ``entry``; False if the beat has no such entry."""
-    result = conn.execute(entries.update().where(entries.c.beat == beat, entries.c.entry == entry)
-                          .values(paused=paused))
-    return bool(result.rowcount)
+def set_paused(conn: Connection, beat: str, entry: str, paused: bool, now: datetime) -> None:
+    """Pause ``entry``, or resume it from ``now``: the ticks that fell due while it was paused are not
+    sent (a pause is not an outage to catch up on). An entry not tracked yet starts tracked at ``now``."""
+    add_entry(conn, beat, entry, now)
+    values: dict[str, Any] = {"paused": paused}
+    if not paused:
+        values["watermark"] = sa.case((entries.c.watermark < now, now), else_=entries.c.watermark)
+    conn.execute(entries.update().where(entries.c.beat == beat, entries.c.entry == entry).values(**values))
 
 
 def fired(conn: Connection, beat: str, entry: str | None = None) -> list[tuple[str, datetime, str, int]]:

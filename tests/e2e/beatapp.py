@@ -1,7 +1,8 @@
 """The app of the durable beat end-to-end tests: ``e2eapp`` plus a schedule read from the environment.
 
 E2E_BEAT: JSON of entry name to ``{"every": seconds, "catch_up": policy}`` (or ``{"raw": {...}}`` for an
-entry given as written, to test refusals). ``beat.tick`` records each send it runs with its task id and
+entry given as written, to test refusals); E2E_BEAT_FILE: a file holding that JSON instead (a config that
+can change under a running replica). ``beat.tick`` records each send it runs with its task id and
 the tick its headers name, so a test counts sends by task id at the worker.
 """
 
@@ -24,7 +25,11 @@ def tick(self: Any, entry: str) -> str:
 
 def _entries() -> dict[str, Any]:
     schedule: dict[str, Any] = {}
-    for name, spec in json.loads(os.environ.get("E2E_BEAT", "{}")).items():
+    given = os.environ.get("E2E_BEAT", "{}")
+    if os.environ.get("E2E_BEAT_FILE"):
+        with open(os.environ["E2E_BEAT_FILE"]) as source:  # read anew by a replica SIGHUP restarts
+            given = source.read()
+    for name, spec in json.loads(given).items():
         if "raw" in spec:
             schedule[name] = spec["raw"]
             continue

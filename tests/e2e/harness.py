@@ -141,9 +141,12 @@ class Scenario:
         return worker
 
     def beat(self, *, conf: dict[str, Any] | None = None, entries: dict[str, Any] | None = None,
-             app: str = "tests.e2e.beatapp", extra_args: Sequence[str] = ()) -> BeatProcess:
-        """A ``celery beat -S celery_durable.Scheduler`` replica of ``app`` (tests/e2e/beatapp.py)."""
-        beat = BeatProcess(self, conf or {}, entries or {}, app=app, extra_args=list(extra_args))
+             app: str = "tests.e2e.beatapp", extra_args: Sequence[str] = (),
+             scheduler: str = "celery_durable.Scheduler") -> BeatProcess:
+        """A ``celery beat -S celery_durable.Scheduler`` replica of ``app`` (tests/e2e/beatapp.py); with
+        ``scheduler="celery.beat:PersistentScheduler"``, stock beat (its own schedule file)."""
+        beat = BeatProcess(self, conf or {}, entries or {}, app=app, extra_args=list(extra_args),
+                           scheduler=scheduler)
         self._workers.append(beat)  # killed at cleanup like a worker
         return beat
 
@@ -264,7 +267,7 @@ class BeatProcess:
     """A ``celery -A tests.e2e.beatapp beat -S celery_durable.Scheduler`` subprocess: one replica."""
 
     def __init__(self, scenario: Scenario, conf: dict[str, Any], entries: dict[str, Any], *, app: str,
-                 extra_args: list[str]) -> None:
+                 extra_args: list[str], scheduler: str = "celery_durable.Scheduler") -> None:
         self.scenario = scenario
         self.log_path = Path(os.environ.get("E2E_LOG_DIR", "/tmp")) / f"e2e-beat-{uuid.uuid4().hex[:8]}.log"
         env = dict(os.environ)
@@ -277,8 +280,10 @@ class BeatProcess:
             E2E_BEAT=json.dumps(entries),
             PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
         )
-        args = [sys.executable, "-m", "celery", "-A", app, "beat", "-S", "celery_durable.Scheduler", "-l", "info",
-                *extra_args]
+        self.durable = scheduler == "celery_durable.Scheduler"
+        args = [sys.executable, "-m", "celery", "-A", app, "beat", "-S", scheduler, "-l", "info", *extra_args]
+        if not self.durable and "-s" not in extra_args:  # stock beat keeps its schedule in a file of its own
+            args += ["-s", str(self.log_path.with_suffix(".schedule"))]
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(args, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
@@ -297,7 +302,7 @@ class BeatProcess:
         def started() -> bool:
             if self.process.poll() is not None:
                 raise AssertionError(f"beat exited with {self.process.returncode}:\n{self.log()[-3000:]}")
-            return self.holder is not None
+            return self.holder is not None if self.durable else "beat: Starting..." in self.log()
         wait_for(started, timeout=timeout, what="the beat replica to start", every=0.05)
         return self
 

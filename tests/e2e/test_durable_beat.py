@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from datetime import datetime, timedelta
 from typing import Any
@@ -13,7 +17,8 @@ import pytest
 from celery_durable.store import beat as beat_store
 from celery_durable.store.engine import engine_for
 from tests.e2e.durable_support import conf, durable_scenario  # noqa: F401 - durable_scenario is a fixture
-from tests.e2e.harness import BeatProcess, Scenario, wait_for
+from tests.e2e.harness import REPO, BeatProcess, Scenario, wait_for
+from tests.e2e.metrics_ports import free_port, metrics_text
 
 APP = "tests.e2e.beatapp"
 BEAT = "e2e"  # the beat's name: the app's main module name (beatapp builds on e2eapp's Celery("e2e"))
@@ -195,3 +200,109 @@ def test_a_bad_schedule_entry_is_refused_at_start_naming_it(durable_scenario, sp
     assert code == 1, text
     assert f"celery_durable beat refused to start: beat_schedule {named}" in text, text
     assert "Traceback" not in text, text
+
+
+def _schedule_command(s: Scenario, url: str, entries: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "E2E_BROKER": s.broker_url, "E2E_QUEUES": ",".join(s.queues),
+           "E2E_CONF": json.dumps(conf(url)), "E2E_KEY": s.key, "E2E_BEAT": json.dumps(entries)}
+    return subprocess.run([sys.executable, "-m", "celery", "-A", APP, "durable", "schedule", *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_an_operator_lists_pauses_resumes_and_triggers_entries_of_a_running_beat(durable_scenario):
+    s, url = durable_scenario("postgresql", "redis")
+    s.worker(conf=conf(url), queues=["q"], concurrency=4, app=APP).wait_ready()
+    entries = {"paused1": {"every": 1}, "steady": {"every": 1}}
+    replica = s.beat(conf=_beat_conf(url), entries=entries).wait_started()
+    wait_for(lambda: len(_fires(url, "paused1")) >= 2, timeout=10, what="two sends")
+    listed = _schedule_command(s, url, entries, "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    report = json.loads(listed.stdout)
+    assert report["leader"]["holder"] == replica.holder
+    assert {e["entry"]: e["paused"] for e in report["entries"]} == {"paused1": False, "steady": False}
+
+    paused = _schedule_command(s, url, entries, "pause", "paused1")
+    assert (paused.returncode, paused.stdout.strip()) == (0, "paused1: paused"), paused.stderr
+    sent_when_paused = len(_fires(url, "paused1"))
+    steady = len(_fires(url, "steady"))
+    wait_for(lambda: len(_fires(url, "steady")) >= steady + 3, timeout=10, what="three more rounds")
+    assert len(_fires(url, "paused1")) <= sent_when_paused + 1, "at most the round in flight sends it"
+    listed = json.loads(_schedule_command(s, url, entries, "list", "--json").stdout)
+    assert [e for e in listed["entries"] if e["entry"] == "paused1"][0]["paused"] is True
+
+    resumed_at = datetime.now().astimezone()
+    assert _schedule_command(s, url, entries, "resume", "paused1").stdout.strip() == "paused1: resumed"
+    wait_for(lambda: len(_fires(url, "paused1")) >= sent_when_paused + 3, timeout=10, what="sends after resume")
+    after = [tick for tick, _, _ in _fires(url, "paused1")][sent_when_paused + 1:]
+    assert after and min(after) > resumed_at, "the ticks that fell due while paused are not sent"
+
+    triggered = _schedule_command(s, url, entries, "trigger", "paused1")
+    assert triggered.returncode == 0, triggered.stderr
+    task_id = triggered.stdout.strip()
+    wait_for(lambda: any(e["id"] == task_id for e in _started(s, "paused1")), timeout=10,
+             what="the triggered send to run")
+
+    unknown = _schedule_command(s, url, entries, "pause", "nope")
+    assert unknown.returncode == 1
+    assert unknown.stderr.strip().splitlines()[-1] == \
+        "Error: no beat_schedule entry named 'nope' (entries: paused1, steady)"
+
+
+def test_the_schedule_commands_work_on_the_embedded_sqlite_store_and_name_a_bad_store(durable_scenario):
+    s, url = durable_scenario("sqlite", "redis")
+    entries = {"every1": {"every": 1, "catch_up": "run_once"}}
+    assert _schedule_command(s, url, entries, "pause", "every1").returncode == 0
+    listed = json.loads(_schedule_command(s, url, entries, "list", "--json").stdout)
+    assert listed["leader"] is None and listed["entries"][0]["paused"] is True
+    assert listed["entries"][0]["catch_up"] == "run_once" and listed["entries"][0]["next_due"] is None
+    text = _schedule_command(s, url, entries, "list").stdout
+    assert "no replica leads now" in text and "every1" in text and "paused" in text
+    bad = _schedule_command(s, "postgresql://nobody@127.0.0.1:1/none", entries, "list")
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert "is unavailable" in bad.stderr.strip().splitlines()[-1], bad.stderr
+
+
+def test_each_replica_says_whether_it_leads_and_the_leader_how_late_each_entry_is(durable_scenario):
+    s, url = durable_scenario("postgresql", "redis")
+    ports = [free_port(), free_port()]
+    replicas = [s.beat(conf=_beat_conf(url, durable_metrics_port=port), entries={"every1": {"every": 1}})
+                .wait_started() for port in ports]
+    leader = _leading(url, replicas)
+    wait_for(lambda: len(_fires(url, "every1")) >= 2, timeout=10, what="two sends")
+    texts = {replica: metrics_text(port) for replica, port in zip(replicas, ports)}
+    for replica, text in texts.items():
+        assert f'durable_beat_leader{{beat="{BEAT}"}} {1.0 if replica is leader else 0.0}' in text, text
+    lead_text = texts[leader]
+    fired = [line for line in lead_text.splitlines()
+             if line.startswith(f'durable_beat_last_fire_timestamp{{beat="{BEAT}",entry="every1"}}')]
+    assert fired and abs(float(fired[0].split()[-1]) - time.time()) < 5, lead_text
+    lag = [line for line in lead_text.splitlines()
+           if line.startswith(f'durable_beat_lag_seconds{{beat="{BEAT}",entry="every1"}}')]
+    assert lag and 0.0 <= float(lag[0].split()[-1]) < 1.0, lead_text
+
+
+def test_sighup_makes_a_replica_take_schedule_changes_without_a_restart(durable_scenario, tmp_path, monkeypatch):
+    """The schedule changes under a running replica (an entry added, one removed, one's interval changed);
+    SIGHUP: the replica finishes its round, gives its lease back and starts again in place (same pid),
+    reading the new schedule."""
+    s, url = durable_scenario("postgresql", "redis")
+    schedule_file = tmp_path / "schedule.json"
+    schedule_file.write_text(json.dumps({"kept": {"every": 1}, "dropped": {"every": 1}}))
+    monkeypatch.setenv("E2E_BEAT_FILE", str(schedule_file))
+    replica = s.beat(conf=_beat_conf(url))
+    replica.wait_started()
+    wait_for(lambda: len(_fires(url, "dropped")) >= 2 and len(_fires(url, "kept")) >= 2, timeout=10,
+             what="both entries to send")
+    schedule_file.write_text(json.dumps({"kept": {"every": 2}, "added": {"every": 1}}))
+    pid = replica.process.pid
+    replica.signal(signal.SIGHUP)
+    wait_for(lambda: "durable.beat.reloading" in replica.log(), timeout=10, what="the replica to reload")
+    wait_for(lambda: len(_fires(url, "added")) >= 3, timeout=15, what="the added entry to send")
+    dropped = len(_fires(url, "dropped"))
+    kept_before = len(_fires(url, "kept"))
+    wait_for(lambda: len(_fires(url, "kept")) >= kept_before + 2, timeout=10, what="the changed entry to send")
+    assert replica.process.poll() is None and replica.process.pid == pid
+    assert len(_fires(url, "dropped")) == dropped, "a removed entry sends nothing more"
+    kept = [tick for tick, _, _ in _fires(url, "kept")]
+    assert kept[-1] - kept[-2] == timedelta(seconds=2), "a changed interval takes effect"
+    assert replica.log().count("durable.beat.released") == 1 and replica.log().count("durable.beat.started") == 2

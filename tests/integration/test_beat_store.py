@@ -42,8 +42,13 @@ def test_a_tick_fires_once_and_the_watermark_only_moves_forward(store_url):
         store.advance(conn, "b", "e", t0)  # backwards: ignored
         state = store.entry_states(conn, "b")["e"]
         assert state.watermark == t0 + timedelta(seconds=1) and state.last_tick == t0 + timedelta(seconds=1)
-        assert store.set_paused(conn, "b", "e", True) and store.entry_states(conn, "b")["e"].paused
-        assert not store.set_paused(conn, "b", "missing", True)
+        store.set_paused(conn, "b", "e", True, t0 + timedelta(seconds=2))
+        assert store.entry_states(conn, "b")["e"].paused
+        store.set_paused(conn, "b", "e", False, t0 + timedelta(seconds=9))
+        resumed = store.entry_states(conn, "b")["e"]
+        assert not resumed.paused and resumed.watermark == t0 + timedelta(seconds=9), "the paused ticks are not due"
+        store.set_paused(conn, "b", "new", True, t0)
+        assert store.entry_states(conn, "b")["new"] == store.EntryState(t0, True, None, None)
         assert [(e, task_id, term) for e, _, task_id, term in store.fired(conn, "b")] == [("e", "id1", 1)]
 
 
