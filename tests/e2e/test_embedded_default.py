@@ -23,4 +23,7 @@ def test_the_demo_runs_tasks_on_the_embedded_sqlite_broker(tmp_path):
     # The outbox and a durable task, through the worker's own relay, on the embedded default.
     assert "committed order fulfilled by a durable task: {'order': 1, 'charge': 'ch_1'" in done.stdout
     assert "rolled-back order's task never sent (state PENDING)" in done.stdout
-    assert "exited 0" in done.stdout
+    # A durable beat replica on the same embedded default: its heartbeat ticks each sent once and run.
+    assert "heartbeat ticks sent once each and run" in done.stdout, done.stdout
+    assert "the replica released its lease on SIGTERM and exited 0" in done.stdout
+    assert "worker drained on SIGTERM and exited 0" in done.stdout
