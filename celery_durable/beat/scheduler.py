@@ -53,6 +53,9 @@ logger = logging.getLogger("celery_durable.beat")
 #: The namespace of the task ids of beat sends: uuid5(namespace, "beat/entry/tick").
 TASK_ID_NAMESPACE = uuid.UUID("6f1d3b1e-5b7c-4d4e-9a57-2c0c2f0b7a61")
 
+#: How long a sent tick's row is kept: the audit trail of what was sent, and no more.
+FIRES_KEPT = timedelta(days=7)
+
 #: Most seconds between two rounds of a standby (how soon it sees a lease free).
 STANDBY_POLL = 0.5
 
@@ -82,6 +85,7 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         #: Monotonic time until which this replica's lease is surely live (renewed before, less a margin).
         self._leads_until = 0.0
         self._renew_at = 0.0
+        self._next_prune = 0.0
         self._stopping = False
         #: SIGHUP: once stopped (round finished, lease released), start again in place.
         self._reloading = False
@@ -154,12 +158,19 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             return STANDBY_POLL
         if self.term is None:
             return STANDBY_POLL
+        try:
+            states = self._entry_states()
+            self._maybe_prune()
+        except Exception as err:  # noqa: BLE001 - reported; the next round tries again
+            logger.warning("durable.beat.round_failed error=%r: tried again next round", err,
+                           extra={"event": "durable.beat.round_failed"})
+            return STANDBY_POLL
         due: list[datetime] = []
         for entry in list(self.entries.values()):
             if self._stopping or not self._still_leads():
                 break
             try:
-                next_due = self._run_entry(entry)
+                next_due = self._run_entry(entry, states[entry.name])
             except Exception as err:  # noqa: BLE001 - reported; the entry is tried again next round
                 logger.warning("durable.beat.entry_failed entry=%s error=%r: tried again next round", entry.name,
                                err, extra={"event": "durable.beat.entry_failed"})
@@ -181,10 +192,28 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
                 conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {int(self.ttl * 1000)}")
             yield conn
 
-    def _run_entry(self, entry: BeatEntry) -> datetime | None:
+    def _entry_states(self) -> dict[str, store.EntryState]:
+        """Each entry's stored state; an entry seen for the first time is tracked from now (nothing
+        before its first sight is due)."""
         with self._transaction() as conn:
-            store.add_entry(conn, self.beat, entry.name, utc_now())
-            state = store.entry_states(conn, self.beat)[entry.name]
+            states = store.entry_states(conn, self.beat)
+            new = [name for name in self.entries if name not in states]
+            for name in new:
+                store.add_entry(conn, self.beat, name, utc_now())
+            if new:
+                states = store.entry_states(conn, self.beat)
+        return states
+
+    def _maybe_prune(self) -> None:
+        """Forget sent ticks older than FIRES_KEPT, once an hour (the watermarks keep their place)."""
+        if time.monotonic() < self._next_prune:
+            return
+        self._next_prune = time.monotonic() + 3600.0
+        with self._transaction() as conn:
+            if store.still_leads(conn, self.beat, self.holder, self.term or 0, utc_now()):
+                store.prune_fires(conn, utc_now() - FIRES_KEPT)
+
+    def _run_entry(self, entry: BeatEntry, state: store.EntryState) -> datetime | None:
         if state.paused:
             return None
         plan = plan_ticks(entry.schedule, state.watermark, utc_now(), catch_up=entry.catch_up, grace=self.grace,

@@ -78,3 +78,16 @@ def test_racing_replicas_never_both_lead(store_url):
     assert not errors, errors
     assert all(len(names) == 1 for names in leaders.values()), leaders
     assert len({names[0] for names in leaders.values()}) == 1
+
+
+def test_old_sent_ticks_are_forgotten_and_the_watermark_keeps_its_place(store_url):
+    ensure_schema(store_url)
+    t0 = now()
+    with engine_for(store_url).begin() as conn:
+        store.add_entry(conn, "b", "e", t0)
+        store.fire(conn, "b", "e", t0 + timedelta(seconds=1), t0 + timedelta(seconds=1), "old", 1,
+                   t0 - timedelta(days=8))
+        store.fire(conn, "b", "e", t0 + timedelta(seconds=2), t0 + timedelta(seconds=2), "new", 1, t0)
+        assert store.prune_fires(conn, t0 - timedelta(days=7)) == 1
+        assert [task_id for _, _, task_id, _ in store.fired(conn, "b")] == ["new"]
+        assert store.entry_states(conn, "b")["e"].watermark == t0 + timedelta(seconds=2)
