@@ -74,8 +74,17 @@ def _schedule(app: Any, name: str, value: Any) -> Any:
         if value <= timedelta(0):
             raise _bad(name, f"schedule of {value!r}: must be more than 0")
         value = schedule(value, app=app)
+    elif isinstance(value, str):
+        # A crontab line ("*/5 * * * *"): minute, hour, day of month, month, day of week.
+        try:
+            value = crontab.from_string(value)
+        except Exception as err:  # noqa: BLE001 - whatever the parser says is wrong, named
+            raise _bad(name, f"schedule {value!r} is not a crontab line (minute hour day-of-month month "
+                             f"day-of-week): {err}") from None
+        value.app = app
     elif not isinstance(value, (schedule, crontab, solar)):
-        raise _bad(name, f"schedule must be seconds, a timedelta, a crontab or a solar schedule, got {value!r}")
+        raise _bad(name, f"schedule must be seconds, a timedelta, a crontab (or a crontab line) or a solar "
+                         f"schedule, got {value!r}")
     try:
         next_occurrence(value, now())
     except (ScheduleUnusable, ValueError, TypeError, AttributeError) as err:

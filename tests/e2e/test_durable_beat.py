@@ -188,8 +188,10 @@ def test_each_catch_up_policy_sends_what_it_promises_after_a_30_second_outage(du
     ({"every1": {"every": 1, "catch_up": "later"}}, "entry 'every1': options durable_catch_up must be one of"),
     ({"ghost": {"raw": {"task": "no.such.task", "schedule": 1.0}}}, "entry 'ghost': task 'no.such.task' is not "
                                                                     "registered"),
-    ({"cron": {"raw": {"task": "beat.tick", "schedule": "*/5 * * * *"}}}, "entry 'cron': schedule must be seconds, "
-                                                                        "a timedelta, a crontab"),
+    ({"cron": {"raw": {"task": "beat.tick", "schedule": "99 * * * *"}}}, "entry 'cron': schedule '99 * * * *' is "
+                                                                       "not a crontab line"),
+    ({"list": {"raw": {"task": "beat.tick", "schedule": [1]}}}, "entry 'list': schedule must be seconds, "
+                                                               "a timedelta, a crontab"),
     ({"never": {"raw": {"task": "beat.tick", "schedule": -1}}}, "entry 'never': schedule of -1 seconds"),
 ])
 def test_a_bad_schedule_entry_is_refused_at_start_naming_it(durable_scenario, spec, named):

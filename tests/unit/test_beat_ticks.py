@@ -87,3 +87,27 @@ def test_bad_policies_and_bounds_are_refused():
         plan_ticks(EVERY_SECOND, T0, s(3), catch_up="later", grace=5.0, max_catch_up=100)
     with pytest.raises(ValueError, match="max_catch_up must be at least 1"):
         plan_ticks(EVERY_SECOND, T0, s(3), catch_up=ALL, grace=5.0, max_catch_up=0)
+
+
+def test_entries_are_read_and_each_bad_one_is_named():
+    from celery import Celery
+
+    from celery_durable.beat.entries import read_entries
+    from celery_durable.errors import BeatEntryInvalid
+
+    app = Celery("entries-test", set_as_current=False)
+
+    @app.task(name="t.ping")
+    def ping() -> None: ...
+
+    read = read_entries(app, {"line": {"task": "t.ping", "schedule": "*/5 * * * *"},
+                              "secs": {"task": "t.ping", "schedule": 2, "options": {"durable_catch_up": "all",
+                                                                                     "queue": "q"}}})
+    assert next_occurrence(read["line"].schedule, T0) == s(300)
+    assert (read["secs"].catch_up, read["secs"].options) == (ALL, {"queue": "q"})
+    for spec, named in [({"task": "t.ping", "schedule": "61 * * * *"}, "is not a crontab line"),
+                        ({"task": "t.ping", "schedule": 0}, "must be more than 0"),
+                        ({"task": "t.ping", "schedule": 1, "args": "x"}, "args must be a list or tuple"),
+                        ({"schedule": 1}, "task must be a task name")]:
+        with pytest.raises(BeatEntryInvalid, match=f"beat_schedule entry 'bad': .*{named}"):
+            read_entries(app, {"bad": spec})
