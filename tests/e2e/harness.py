@@ -170,6 +170,21 @@ class Scenario:
             pass
 
 
+def _child_env(scenario: Scenario, conf: dict[str, Any], broker_url: str | None, **extra: str) -> dict[str, str]:
+    """The environment an app of tests/e2e reads its broker, queues, settings and event list from."""
+    env = dict(os.environ)
+    env.update(
+        E2E_BROKER=broker_url or scenario.broker_url,
+        E2E_QUEUES=",".join(scenario.queues),
+        E2E_CONF=json.dumps(conf),
+        E2E_KEY=scenario.key,
+        E2E_OBSERVE=OBSERVE_URL,
+        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+        **extra,
+    )
+    return env
+
+
 class WorkerProcess:
     """A ``celery -A tests.e2e.e2eapp worker`` subprocess (or of another ``app`` module)."""
 
@@ -179,15 +194,7 @@ class WorkerProcess:
         self.scenario = scenario
         self.name = f"w{uuid.uuid4().hex[:6]}@%h"
         self.log_path = Path(os.environ.get("E2E_LOG_DIR", "/tmp")) / f"e2e-{uuid.uuid4().hex[:8]}.log"
-        env = dict(os.environ)
-        env.update(
-            E2E_BROKER=broker_url or scenario.broker_url,
-            E2E_QUEUES=",".join(scenario.queues),
-            E2E_CONF=json.dumps(conf),
-            E2E_KEY=scenario.key,
-            E2E_OBSERVE=OBSERVE_URL,
-            PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
-        )
+        env = _child_env(scenario, conf, broker_url)
         args = [sys.executable, "-m", "celery", "-A", app, "worker",
                 *(["-P", pool] if pool is not None else []), "-Q", ",".join(queues), "-n", self.name,
                 "--without-mingle", "--without-gossip", "-l", "info", *extra_args]
@@ -270,16 +277,7 @@ class BeatProcess:
                  extra_args: list[str], scheduler: str = "celery_durable.Scheduler") -> None:
         self.scenario = scenario
         self.log_path = Path(os.environ.get("E2E_LOG_DIR", "/tmp")) / f"e2e-beat-{uuid.uuid4().hex[:8]}.log"
-        env = dict(os.environ)
-        env.update(
-            E2E_BROKER=scenario.broker_url,
-            E2E_QUEUES=",".join(scenario.queues),
-            E2E_CONF=json.dumps(conf),
-            E2E_KEY=scenario.key,
-            E2E_OBSERVE=OBSERVE_URL,
-            E2E_BEAT=json.dumps(entries),
-            PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
-        )
+        env = _child_env(scenario, conf, None, E2E_BEAT=json.dumps(entries))
         self.durable = scheduler == "celery_durable.Scheduler"
         args = [sys.executable, "-m", "celery", "-A", app, "beat", "-S", scheduler, "-l", "info", *extra_args]
         if not self.durable and "-s" not in extra_args:  # stock beat keeps its schedule in a file of its own
@@ -313,10 +311,7 @@ class BeatProcess:
     def terminate(self, timeout: float = 30.0) -> int:
         """SIGTERM and wait for the exit code."""
         self.signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=timeout)
-        finally:
-            self._log.close()
+        return self.wait_exit(timeout)
 
     def wait_exit(self, timeout: float = 30.0) -> int:
         try:

@@ -8,6 +8,7 @@ from datetime import timedelta
 from celery_durable.store import beat as store
 from celery_durable.store.engine import engine_for, ensure_schema
 from celery_durable.store.runs import now
+from tests.threads import run_together
 
 
 def _lead(url: str, holder: str, at, ttl: float = 10.0) -> int | None:
@@ -59,23 +60,14 @@ def test_racing_replicas_never_both_lead(store_url):
     t0 = now()
     leaders: dict[int, list[str]] = {}
     lock = threading.Lock()
-    errors: list[BaseException] = []
 
     def replica(n: int) -> None:
-        try:
-            for round_ in range(10):
-                if _lead(store_url, f"r{n}", t0 + timedelta(seconds=round_)) is not None:
-                    with lock:
-                        leaders.setdefault(round_, []).append(f"r{n}")
-        except BaseException as err:  # noqa: BLE001 - reported by the test
-            errors.append(err)
+        for round_ in range(10):
+            if _lead(store_url, f"r{n}", t0 + timedelta(seconds=round_)) is not None:
+                with lock:
+                    leaders.setdefault(round_, []).append(f"r{n}")
 
-    threads = [threading.Thread(target=replica, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    run_together(replica, 8)
     assert all(len(names) == 1 for names in leaders.values()), leaders
     assert len({names[0] for names in leaders.values()}) == 1
 

@@ -17,6 +17,7 @@ from celery_durable.store import limits as store
 from celery_durable.store.engine import autocommit, engine_for, ensure_schema
 from celery_durable.store.runs import now
 from tests.stores import fresh_store
+from tests.threads import run_together
 
 
 def _message(task_id: str) -> store.WaitingMessage:
@@ -106,32 +107,23 @@ def test_never_over_the_limit_under_racing_takers(store_url):
     running = 0
     peak = 0
     lock = threading.Lock()
-    errors: list[BaseException] = []
 
     def worker(n: int) -> None:
         nonlocal running, peak
-        try:
-            for i in range(25):
-                task_id = f"w{n}-{i}"
-                if _take(store_url, [LimitAsk("t", task_id, (scope,), None, "drop")], holder=f"h{n}")[0].verdict != RUN:
-                    continue
-                with engine_for(store_url).connect() as conn:
-                    held = sum(count for *_, count in store.held(conn, now()))
-                with lock:
-                    running += 1
-                    peak = max(peak, running, held)
-                with lock:
-                    running -= 1
-                _release(store_url, task_id, scope, holder=f"h{n}")
-        except BaseException as err:  # noqa: BLE001 - reported by the test
-            errors.append(err)
+        for i in range(25):
+            task_id = f"w{n}-{i}"
+            if _take(store_url, [LimitAsk("t", task_id, (scope,), None, "drop")], holder=f"h{n}")[0].verdict != RUN:
+                continue
+            with engine_for(store_url).connect() as conn:
+                held = sum(count for *_, count in store.held(conn, now()))
+            with lock:
+                running += 1
+                peak = max(peak, running, held)
+            with lock:
+                running -= 1
+            _release(store_url, task_id, scope, holder=f"h{n}")
 
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    run_together(worker, 6)
     assert 1 <= peak <= 3
     with engine_for(store_url).connect() as conn:
         assert store.held(conn, now()) == []
@@ -238,34 +230,25 @@ def test_exchange_never_over_the_limit_beside_the_general_path(pg_url):
     scope = Scope("t", "task", "", 2)
     peak = 0
     lock = threading.Lock()
-    errors: list[BaseException] = []
 
     def worker(n: int) -> None:
         nonlocal peak
-        try:
-            held: list[str] = []
-            for i in range(30):
-                task_id = f"w{n}-{i}"
-                ask = LimitAsk("t", task_id, (scope,), None, "drop")
-                returns = [store.Return("t", gone, (scope,)) for gone in held]
-                if n % 2:
-                    taken, _ = _exchange(pg_url, returns, [ask], holder=f"h{n}")
-                else:
-                    for gone in held:
-                        _release(pg_url, gone, scope, holder=f"h{n}")
-                    taken = _take(pg_url, [ask], holder=f"h{n}")[0].verdict == RUN
-                held = [task_id] if taken else []
-                with engine_for(pg_url).connect() as conn:
-                    count = sum(n for *_, n in store.held(conn, now()))
-                with lock:
-                    peak = max(peak, count)
-        except BaseException as err:  # noqa: BLE001 - reported by the test
-            errors.append(err)
+        held: list[str] = []
+        for i in range(30):
+            task_id = f"w{n}-{i}"
+            ask = LimitAsk("t", task_id, (scope,), None, "drop")
+            returns = [store.Return("t", gone, (scope,)) for gone in held]
+            if n % 2:
+                taken, _ = _exchange(pg_url, returns, [ask], holder=f"h{n}")
+            else:
+                for gone in held:
+                    _release(pg_url, gone, scope, holder=f"h{n}")
+                taken = _take(pg_url, [ask], holder=f"h{n}")[0].verdict == RUN
+            held = [task_id] if taken else []
+            with engine_for(pg_url).connect() as conn:
+                count = sum(n for *_, n in store.held(conn, now()))
+            with lock:
+                peak = max(peak, count)
 
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    run_together(worker, 6)
     assert 1 <= peak <= 2
