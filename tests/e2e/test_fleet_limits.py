@@ -107,13 +107,10 @@ def test_durable_concurrency_holds_across_three_workers_and_a_killed_holder_is_r
     wait_for(lambda: not _leases(url), timeout=10, what="every lease to be given back")
 
 
-def test_a_busy_key_does_not_hold_back_other_keys_on_the_same_queue(durable_scenario):
-    """Rule 3: 1,000 messages for org A (limit 1) ahead of 10 for org B: B's start within a second.
-
-    On Redis. On RabbitMQ the same scenario starts B 1.2-1.4 s after it was sent (its claims cost a
-    round trip per ask; see the closing note of the fleet-limits issue): not within the second yet.
-    """
-    s, url = durable_scenario("postgresql", "redis")
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+def test_a_busy_key_does_not_hold_back_other_keys_on_the_same_queue(durable_scenario, broker_kind):
+    """Rule 3: 1,000 messages for org A (limit 1) ahead of 10 for org B: B's start within a second."""
+    s, url = durable_scenario("postgresql", broker_kind)
     workers = [s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=4) for _ in range(2)]
     for worker in workers:
         worker.wait_ready()
@@ -122,7 +119,9 @@ def test_a_busy_key_does_not_hold_back_other_keys_on_the_same_queue(durable_scen
     b_sent = {}
     for i in range(10):
         b_sent[s.send_task("q", "limits.sync_plain", ["B", f"b{i}", 0.0])] = time.time()
-    wait_for(lambda: len(s.labelled("start", "b")) == 10, timeout=30, what="org B's 10 runs to start")
+    # Polled gently: reading every event back is this process's work, on the workers' two cores; the
+    # latency is read from the runs' own timestamps, not from when the poll saw them.
+    wait_for(lambda: len(s.labelled("start", "b")) == 10, timeout=30, what="org B's 10 runs to start", every=0.25)
     b_latency = sorted(e["t"] - b_sent[e["id"]] for e in s.labelled("start", "b"))
     assert b_latency[-1] < 1.0, b_latency
     a_events = [e for e in s.events() if e["label"].startswith("a")]
@@ -132,8 +131,9 @@ def test_a_busy_key_does_not_hold_back_other_keys_on_the_same_queue(durable_scen
     # Waiting costs no churn: every A message was taken from the broker once (parked), not redelivered.
     stats = [w.durable_stats() for w in workers]
     assert s.broker_depth("q") < 1000
-    print(f"\nrule 3: org B's 10 runs started {b_latency[0] * 1000:.0f}-{b_latency[-1] * 1000:.0f} ms after they "
-          f"were sent, behind 1,000 org A messages; waited {sum(st['limits_waited'] for st in stats)}")
+    print(f"\nrule 3 ({broker_kind}): org B's 10 runs started {b_latency[0] * 1000:.0f}-"
+          f"{b_latency[-1] * 1000:.0f} ms after they were sent, behind 1,000 org A messages; "
+          f"waited {sum(st['limits_waited'] for st in stats)}")
 
 
 @pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
