@@ -199,13 +199,20 @@ class Claimer:
         if self._pass_fetcher is not None and self.claiming:
             sweep = self._run_whole_pass(self._pass_fetcher, sweep)
         else:
+            went_to_wait = 0
             while self.claiming:
                 ask, sweep = next_ask(sweep)
                 if ask is None:
                     break
-                got = self._fetch(queues[ask.queue], ask.count)
-                self._ready.took(ask.queue, ask.count, got)
-                sweep = record(sweep, ask, got)
+                taken, admitted = self._fetch(queues[ask.queue], ask.count)
+                self._ready.took(ask.queue, ask.count, taken)
+                sweep = record(sweep, ask, taken)
+                went_to_wait += taken - admitted
+            if went_to_wait:
+                # As a whole pass does: messages parked (or gone to wait for a limit) took room in
+                # this pass without holding a slot; another pass fills it. Recording only the ones
+                # admitted would read the queue as drained, and wait on it one delivery at a time.
+                self.kick()
         self.cursor = sweep.cursor
         self.claimed_by_passes += sweep.claimed
         if self.claiming and self.held.room() > 0 and not self._kick_pending:
@@ -262,13 +269,14 @@ class Claimer:
             self.kick()
         return sweep
 
-    def _fetch(self, queue: Any, count: int) -> int:
+    def _fetch(self, queue: Any, count: int) -> tuple[int, int]:
+        """(messages taken from the broker, of them admitted: now holding a slot)."""
         if self._fetcher is None:  # run_pass checked; set once at start, never cleared
-            return 0
+            return 0, 0
         # A message already taken from the broker is admitted even if a stop
         # came meanwhile: it is counted, and the drain hands it back.
         messages = list(self._fetcher.fetch(queue, count, lambda: self.claiming))
-        return self._admit_all([(queue.name, message) for message in messages])
+        return len(messages), self._admit_all([(queue.name, message) for message in messages])
 
     def _admit(self, queue_name: str, message: Any) -> bool:
         """Hand ``message`` to Celery; False if it was parked, or went to wait for a limit (no slot)."""

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from time import monotonic
 from typing import Any
 
 from kombu.utils import json as kombu_json
@@ -40,6 +41,9 @@ logger = logging.getLogger("celery_durable.limits")
 KEY_HEADER = "durable_key"
 #: The header a call may say what it does when busy in (``headers={"durable_when_busy": "drop"}``).
 WHEN_BUSY_HEADER = "durable_when_busy"
+
+#: Seconds a scope found busy by the general transaction is assumed still busy (see ``_busy_until``).
+BUSY_MEMORY = 0.25
 
 #: Message properties a parked message keeps (the rest are the broker's, per delivery).
 _KEPT_PROPERTIES = ("priority", "correlation_id", "reply_to", "delivery_mode")
@@ -92,6 +96,9 @@ class LimitGate:
         self._fast_path = ensure_schema(url).dialect.name == "postgresql"
         #: Fast path: leases of runs that ended, given back with the next claim pass's take.
         self._ended: list[store.Return] = []
+        #: Scopes the general transaction just found busy, until when they are assumed still busy: a
+        #: batch touching one skips the fast path, which could only answer "not here" (a flood on one key).
+        self._busy_until: dict[Scope, float] = {}
         keeper().hold_limits(url, self.holder, lease_ttl)
         limit_metrics.watch(url, tuple(self.limits))
 
@@ -154,6 +161,7 @@ class LimitGate:
             decisions, made_ready = store.take_batch(conn, [ask for _, ask, _ in asks], parked, holder=self.holder,
                                                      ttl=self.lease_ttl, now=self._clock())
         wake = made_ready > 0
+        self._remember_busy([decision.busy for decision in decisions if decision.busy is not None])
         settled: list[Any] = []
         for (index, ask, limits), decision in zip(asks, decisions):
             queue, message = items[index]
@@ -174,6 +182,12 @@ class LimitGate:
         if (not self._fast_path or any(ask.rate is not None or not ask.scopes for ask in asks)
                 or len({ask.task_id for ask in asks}) != len(asks)):
             return False
+        now = monotonic()
+        if any(self._busy_until.get(scope, 0.0) > now for ask in asks for scope in ask.scopes):
+            if not self._ended:
+                return False
+            self._exchange([])  # the ended runs' leases still go back first
+            return False
         return self._exchange(asks)
 
     def _exchange(self, asks: list[LimitAsk]) -> bool:
@@ -190,6 +204,13 @@ class LimitGate:
         if waiters:
             self.give_back_now(returns)  # the general release makes the waiters ready
         return taken
+
+    def _remember_busy(self, scopes: list[Scope]) -> None:
+        now = monotonic()
+        if len(self._busy_until) > 1000:
+            self._busy_until = {scope: until for scope, until in self._busy_until.items() if until > now}
+        for scope in scopes:
+            self._busy_until[scope] = now + BUSY_MEMORY
 
     def give_back_ended(self) -> None:
         """Give back the leases of runs that ended since the last claim pass (PostgreSQL).
@@ -234,6 +255,8 @@ class LimitGate:
         give_back_turn = grant.limits.rate if grant.holds_rate_turn and not started else None
         if not grant.scopes and give_back_turn is None:
             return
+        for scope in grant.scopes:
+            self._busy_until.pop(scope, None)  # a lease of it comes free: the fast path may take it
         returned = store.Return(grant.task, grant.task_id, grant.scopes, give_back_turn)
         if self._fast_path and give_back_turn is None:
             # Carried by the claim pass this slot's freeing kicks: its take and this
