@@ -81,6 +81,8 @@ class DurableConfig:
     #: Seconds a run's lease outlives its holder's last heartbeat (renewed every third of it):
     #: how long a run whose worker died waits before another delivery takes it over.
     lease_ttl: float = DEFAULT_LEASE_TTL
+    #: Seconds a settled run (succeeded or cancelled) and its steps are kept; 0 keeps them forever.
+    run_retention: float = 7 * 86400.0
     #: Durable beat (``celery beat -S celery_durable.Scheduler``): seconds the leader's lease
     #: outlives its last renewal — how long a standby waits for a leader that died.
     beat_lease_ttl: float = 10.0
@@ -129,6 +131,7 @@ class DurableConfig:
         positive_seconds("durable_relay_poll_interval", self.relay_poll_interval)
         positive_seconds("durable_outbox_retention", self.outbox_retention)
         positive_seconds("durable_lease_ttl", self.lease_ttl)
+        positive_seconds("durable_run_retention", self.run_retention, allow_zero=True)
         positive_seconds("durable_beat_lease_ttl", self.beat_lease_ttl)
         whole_number("durable_beat_max_catch_up", self.beat_max_catch_up)
         if self.beat_name is not None and (not isinstance(self.beat_name, str) or not self.beat_name

@@ -37,6 +37,7 @@ from celery_durable.store.engine import (
 from celery_durable.store.notify import Waker
 from celery_durable.store.runs import render_error
 from celery_durable.store.urls import shown_url
+from celery_durable.tasks.retention import purge_runs
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ class Relay:
     """
 
     def __init__(self, app: Any, *, url: str | None = None, batch_size: int = 500,
-                 poll_interval: float = 1.0, retention: float = 86400.0, flag_after: int = FLAG_AFTER,
+                 poll_interval: float = 1.0, retention: float = 86400.0, run_retention: float = 0.0,
+                 flag_after: int = FLAG_AFTER,
                  listen: bool = True, now: Callable[[], datetime] = _now,
                  probe_every: float = PROBE_EVERY, jitter: float = BACKOFF_JITTER,
                  draw: Callable[[], float] = random.random, faults: FaultPoints = NO_FAULTS) -> None:
@@ -81,6 +83,8 @@ class Relay:
         self.batch_size = batch_size
         self.poll_interval = poll_interval
         self.retention = retention
+        #: Seconds settled durable runs are kept (0: not purged here; see ``tasks.retention``).
+        self.run_retention = run_retention
         self.flag_after = flag_after
         self.listen = listen
         self._now = now
@@ -257,6 +261,9 @@ class Relay:
             removed = store.purge_published(conn, self._now() - timedelta(seconds=self.retention))
         if removed:
             logger.info("durable.outbox.purged rows=%s", removed)
+        if self.run_retention:
+            # The store's other housekeeping, on the same cadence: settled runs past their retention.
+            purge_runs(self.url, self.run_retention)
         return removed
 
 

@@ -1,4 +1,5 @@
-"""SQL for durable runs: start an attempt under a lease (or find why not), renew, hand off, settle, cancel, reopen.
+"""SQL for durable runs: start an attempt under a lease (or find why not), renew, hand off, settle, cancel,
+reopen; and the operator's reads and purge.
 
 The run lease: an attempt executing a run holds it (``lease_holder`` = the
 attempt's token, ``lease_expires_at`` renewed by its process's heartbeat). A
@@ -11,6 +12,7 @@ outage). So a second copy of a live run never runs beside it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -19,7 +21,17 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from celery_durable.store.schema import CANCELLED, DEAD, FAILED, RUNNING, SETTLED, SLEEPING, SUPPORTED_BACKENDS, runs
+from celery_durable.store.schema import (
+    CANCELLED,
+    DEAD,
+    FAILED,
+    RUNNING,
+    SETTLED,
+    SLEEPING,
+    SUPPORTED_BACKENDS,
+    runs,
+    steps,
+)
 
 #: Longest rendered error kept on a run: a traceback-sized message must not bloat the row.
 MAX_ERROR_CHARS = 2000
@@ -233,3 +245,36 @@ def reopen(conn: Connection, run_id: str, at: datetime) -> bool:
                 lost_attempts=0)
     )
     return bool(result.rowcount == 1)
+
+
+def listed(conn: Connection, *, states: Sequence[str] = (), task: str | None = None,
+           since: datetime | None = None, limit: int = 50) -> list[Run]:
+    """Runs, most recently updated first, filtered by state, task name and last update."""
+    query = sa.select(runs)
+    if states:
+        query = query.where(runs.c.state.in_(list(states)))
+    if task is not None:
+        query = query.where(runs.c.task_name == task)
+    if since is not None:
+        query = query.where(runs.c.updated_at >= since)
+    rows = conn.execute(query.order_by(runs.c.updated_at.desc(), runs.c.id).limit(limit))
+    return [Run(**row._mapping) for row in rows]
+
+
+def steps_of(conn: Connection, run_id: str) -> list[tuple[str, int, int, datetime]]:
+    """A run's checkpoints in the order they were taken: (name, occurrence, result size in bytes, taken at)."""
+    rows = conn.execute(sa.select(steps.c.name, steps.c.occurrence, sa.func.length(steps.c.result),
+                                  steps.c.created_at).where(steps.c.run_id == run_id)
+                        .order_by(steps.c.created_at, steps.c.name, steps.c.occurrence))
+    return [(name, int(occurrence), int(size or 0), taken) for name, occurrence, size, taken in rows]
+
+
+def purge_settled(conn: Connection, before: datetime, states: Sequence[str], batch: int) -> int:
+    """Delete up to ``batch`` runs in ``states`` finished before ``before`` (their steps go with them)."""
+    chosen = (sa.select(runs.c.id).where(runs.c.state.in_(list(states)), runs.c.finished_at.is_not(None),
+                                         runs.c.finished_at < before).limit(batch))
+    ids = [run_id for (run_id,) in conn.execute(chosen)]
+    if not ids:
+        return 0
+    conn.execute(steps.delete().where(steps.c.run_id.in_(ids)))  # SQLite may run without ON DELETE CASCADE
+    return int(conn.execute(runs.delete().where(runs.c.id.in_(ids))).rowcount or 0)

@@ -49,6 +49,7 @@ runs = sa.Table(
     # a run that keeps killing its worker is buried once these use up its retries.
     sa.Column("lost_attempts", sa.Integer, nullable=False, server_default="0"),
     sa.Index("ix_durable_runs_state", "state"),
+    sa.Index("ix_durable_runs_finished_at", "finished_at"),  # run retention (tasks/retention.py)
 )
 
 steps = sa.Table(

@@ -3,12 +3,17 @@
 Called by the claimer for each message it is about to admit (and for an
 ETA message when it falls due). A message of a task with no declared limit
 costs a dict lookup. For a limited one the store answers in one transaction
-(``store.limits.take``): every lease taken (the run goes on to Celery, holding
-them until its count is given back), or a scope busy (the message is parked
-whole in the store and acked, or acked and dropped), or a rate turn later
-than now (parked until then). A parked message holds no slot, burns no
-attempt and costs no broker traffic while it waits; :class:`LimitDispatcher`
-publishes it again, unchanged, when its turn comes.
+per claim pass (``store.limits.take_batch``): every lease taken (the run goes
+on to Celery, holding them until its count is given back), or a scope busy
+(the message is parked whole in the store and acked, or acked and dropped),
+or a rate turn later than now (parked until then). A parked message holds no
+slot, burns no attempt and costs no broker traffic while it waits;
+:class:`LimitDispatcher` publishes it again, unchanged, when its turn comes.
+
+On PostgreSQL the common case costs one statement (``store.limits.exchange``):
+the leases of the runs that ended since the last pass go back and the pass's
+runs take theirs, when every scope has room and nobody waits there; anything
+else falls to the general transaction.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ class OutboxRelay(bootsteps.StartStopStep):
 
         self.relay = Relay(c.app, batch_size=config.relay_batch_size,
                            poll_interval=config.relay_poll_interval, retention=config.outbox_retention,
-                           faults=faults.of(c.app))
+                           run_retention=config.run_retention, faults=faults.of(c.app))
         # Daemon: a relay stuck on a dead database must not hold the worker's exit.
         self.thread = threading.Thread(target=self._run, name="durable-outbox-relay", daemon=True)
         self.thread.start()

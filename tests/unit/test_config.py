@@ -49,6 +49,7 @@ SECONDS_SETTINGS = [
     "durable_drain_timeout",
     "durable_idle_poll_interval",
     "durable_beat_lease_ttl",
+    "durable_run_retention",
 ]
 
 
@@ -111,7 +112,7 @@ def test_bad_seconds_are_refused(setting, value):
 
 
 @pytest.mark.parametrize(
-    "setting", [s for s in SECONDS_SETTINGS if s != "durable_drain_timeout"]
+    "setting", [s for s in SECONDS_SETTINGS if s not in ("durable_drain_timeout", "durable_run_retention")]
 )
 def test_zero_seconds_is_refused_for_intervals(setting):
     err = refused({setting: 0})
@@ -120,6 +121,11 @@ def test_zero_seconds_is_refused_for_intervals(setting):
 
 def test_zero_drain_timeout_is_allowed():
     assert from_celery_conf({"durable_drain_timeout": 0}).drain_timeout == 0
+
+
+def test_runs_are_kept_seven_days_unless_told_and_zero_keeps_them_forever():
+    assert from_celery_conf({}).run_retention == 7 * 86400
+    assert from_celery_conf({"durable_run_retention": 0}).run_retention == 0
 
 
 # -- the other settings ----------------------------------------------------------------------------

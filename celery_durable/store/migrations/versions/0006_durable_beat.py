@@ -1,4 +1,5 @@
-"""Durable beat: the leader lease of each beat, each entry's watermark, and every tick fired.
+"""Durable beat: the leader lease of each beat, each entry's watermark, and every tick fired; and an
+index on when runs finished, for run retention.
 
 Revision ID: 0006_durable_beat
 Revises: 0005_limit_fast_path
@@ -42,9 +43,11 @@ def upgrade() -> None:
         sa.Column("fired_at", sa.DateTime(timezone=True), nullable=False),
     )
     op.create_index("ix_durable_beat_fires_fired_at", "durable_beat_fires", ["fired_at"])
+    op.create_index("ix_durable_runs_finished_at", "durable_runs", ["finished_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_durable_runs_finished_at", "durable_runs")
     op.drop_index("ix_durable_beat_fires_fired_at", "durable_beat_fires")
     op.drop_table("durable_beat_fires")
     op.drop_table("durable_beat_entries")
