@@ -107,10 +107,12 @@ def test_durable_concurrency_holds_across_three_workers_and_a_killed_holder_is_r
     wait_for(lambda: not _leases(url), timeout=10, what="every lease to be given back")
 
 
-@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
-def test_a_busy_key_does_not_hold_back_other_keys_on_the_same_queue(durable_scenario, broker_kind):
-    """Rule 3: 1,000 messages for org A (limit 1) ahead of 10 for org B: B's start within a second."""
-    s, url = durable_scenario("postgresql", broker_kind)
+def busy_key_scenario(s: Scenario, url: str) -> tuple[list[float], int, list[Any]]:
+    """Rule 3's scenario: 1,000 messages for org A (key limit 1) sent before 10 for org B, two workers.
+
+    Returns B's start latencies (sorted, seconds from each send), how many of A's runs had ended when
+    the last B started, and the workers. Shared with the soak, which holds B to the second.
+    """
     workers = [s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=4) for _ in range(2)]
     for worker in workers:
         worker.wait_ready()
@@ -122,8 +124,23 @@ def test_a_busy_key_does_not_hold_back_other_keys_on_the_same_queue(durable_scen
     # Polled gently: reading every event back is this process's work, on the workers' two cores; the
     # latency is read from the runs' own timestamps, not from when the poll saw them.
     wait_for(lambda: len(s.labelled("start", "b")) == 10, timeout=30, what="org B's 10 runs to start", every=0.25)
-    b_latency = sorted(e["t"] - b_sent[e["id"]] for e in s.labelled("start", "b"))
-    assert b_latency[-1] < 1.0, b_latency
+    b_starts = s.labelled("start", "b")
+    last_b = max(e["t"] for e in b_starts)
+    a_ended_before = sum(1 for e in s.labelled("end", "a") if e["t"] <= last_b)
+    return sorted(e["t"] - b_sent[e["id"]] for e in b_starts), a_ended_before, workers
+
+
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+def test_a_busy_key_does_not_hold_back_other_keys_on_the_same_queue(durable_scenario, broker_kind):
+    """Rule 3: 1,000 messages for org A (limit 1) ahead of 10 for org B: B's runs start while A's wait —
+    before a tenth of A's have run — and A never runs twice at once.
+
+    How soon is a timing, read on a quiet machine by the soak (tests/soak/test_fleet_limits_soak.py:
+    within a second); here, beside other tests on two cores, the property is what is held.
+    """
+    s, url = durable_scenario("postgresql", broker_kind)
+    b_latency, a_ended_before, workers = busy_key_scenario(s, url)
+    assert a_ended_before < 100, f"{a_ended_before} of A's runs ended before B's last start ({b_latency})"
     a_events = [e for e in s.events() if e["label"].startswith("a")]
     assert len(s.labelled("end", "a")) < 1000, "org A's runs must still be waiting their turn"
     assert running_peak(a_events) == 1
@@ -132,8 +149,8 @@ def test_a_busy_key_does_not_hold_back_other_keys_on_the_same_queue(durable_scen
     stats = [w.durable_stats() for w in workers]
     assert s.broker_depth("q") < 1000
     print(f"\nrule 3 ({broker_kind}): org B's 10 runs started {b_latency[0] * 1000:.0f}-"
-          f"{b_latency[-1] * 1000:.0f} ms after they were sent, behind 1,000 org A messages; "
-          f"waited {sum(st['limits_waited'] for st in stats)}")
+          f"{b_latency[-1] * 1000:.0f} ms after they were sent, behind 1,000 org A messages ({a_ended_before} "
+          f"of A's had run); waited {sum(st['limits_waited'] for st in stats)}")
 
 
 @pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
