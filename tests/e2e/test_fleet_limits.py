@@ -65,8 +65,17 @@ def _diagnose(s: Scenario, sent: set[str], url: str) -> str:
     missing = sent - {e["id"] for e in s.labelled("end", "x")}
     with engine_for(url).connect() as conn:
         parked = conn.execute(sa.text("SELECT task_id, publish_at FROM durable_limit_waiting")).all()
+    unacked = ""
+    if s.broker_kind == "redis":
+        import redis
+
+        held = redis.Redis.from_url(s.broker_url).hgetall("unacked")
+        found = sum(1 for raw in held.values() if any(m.encode() in raw for m in missing))
+        unacked = f"; in Redis's unacked hash {found}"
+    logs = [w.log_path.name for w in s._workers if any(m in w.log() for m in missing)]
     return (f"missing {sorted(missing)[:5]} of {len(missing)}; started {len(missing & {e['id'] for e in s.started()})}"
-            f"; leases {_leases(url)}; parked {parked[:5]}; broker depth {s.broker_depth('q')}")
+            f"; leases {_leases(url)}; parked {parked[:5]}; broker depth {s.broker_depth('q')}{unacked}"
+            f"; named in the logs of {logs}")
 
 
 def _leases(url: str) -> list[dict[str, Any]]:
