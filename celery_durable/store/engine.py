@@ -135,15 +135,15 @@ def autocommit(engine: Engine) -> Engine:
     """
     if engine.dialect.name == "sqlite":
         return engine.execution_options(isolation_level="AUTOCOMMIT")
-    key = (os.getpid(), engine.url.render_as_string(hide_password=False))
+    url = engine.url.render_as_string(hide_password=False)
+    key = (os.getpid(), url)
     found = _autocommit_engines.get(key)
     if found is None:
         with _lock:
             found = _autocommit_engines.get(key)
             if found is None:
                 found = _autocommit_engines[key] = sa.create_engine(
-                    engine.url, isolation_level="AUTOCOMMIT", pool_pre_ping=False,
-                    connect_args=network_timeouts(engine.url.render_as_string(hide_password=False)))
+                    url, isolation_level="AUTOCOMMIT", pool_pre_ping=False, connect_args=network_timeouts(url))
                 _share_disconnects(engine, found)
     return found
 

@@ -97,7 +97,7 @@ class LimitGate:
         self.dispatcher: LimitDispatcher | None = None
         self.waited = 0
         self.dropped = 0
-        #: PostgreSQL: a lone run takes and gives back its leases in one statement each.
+        #: PostgreSQL: a claim pass's runs take their leases, and the ended runs' go back, in one statement.
         self._fast_path = ensure_schema(url).dialect.name == "postgresql"
         #: Fast path: leases of runs that ended, given back with the next claim pass's take.
         self._ended: list[store.Return] = []
@@ -189,10 +189,7 @@ class LimitGate:
             return False
         now = monotonic()
         if any(self._busy_until.get(scope, 0.0) > now for ask in asks for scope in ask.scopes):
-            if not self._ended:
-                return False
-            self._exchange([])  # the ended runs' leases still go back first
-            return False
+            return False  # the general path gives the ended runs' leases back first (give_back_ended)
         return self._exchange(asks)
 
     def _exchange(self, asks: list[LimitAsk]) -> bool:
