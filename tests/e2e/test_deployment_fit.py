@@ -123,12 +123,16 @@ def test_inspect_active_queues_follows_add_consumer_and_cancel_consumer(scenario
     a, b = s.by_name["a"], s.by_name["b"]
     worker = s.worker(queues=["a"]).wait_ready()
     assert active_queues(s, worker) == [a]
+    # Celery's add_consumer and cancel_consumer reply "ok" at once and change the queues on the
+    # worker's next loop turn (Consumer.call_soon): the reply does not wait for the change.
     assert control(s, worker, "add_consumer", queue=b).get("ok")
-    assert active_queues(s, worker) == sorted([a, b])
+    wait_for(lambda: active_queues(s, worker) == sorted([a, b]), timeout=10, what="b among the active queues",
+             every=0.2)
     s.send("b", "on-b")
     s.wait_ended(1)
     assert control(s, worker, "cancel_consumer", queue=a).get("ok")
-    assert active_queues(s, worker) == [b]
+    wait_for(lambda: active_queues(s, worker) == [b], timeout=10, what="a gone from the active queues",
+             every=0.2)
     s.send("a", "left-on-a")
     s.send("b", "second-on-b")
     wait_for(lambda: [e["label"] for e in s.ended()] == ["on-b", "second-on-b"], timeout=30,
