@@ -245,3 +245,38 @@ def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked
             refresh_expiry(client, queue)
         taken.append((queue, int(count), list(items), list(tags)))
     return taken, [(queues[int(number) - 1], item) for number, item in parked_items]
+
+
+# -- the idle wait's peek: a blocking read that takes nothing --------------------------------------
+
+
+def prefixed_priority_lists(channel: Any, queue: str) -> list[str]:
+    """``queue``'s Redis lists as the server names them: kombu's priority lists behind ``global_keyprefix``."""
+    prefix = getattr(channel, "global_keyprefix", "") or ""
+    return [prefix + name for name in priority_lists(channel, queue)]
+
+
+def open_blocking_connection(channel: Any) -> Any:
+    """A connection of its own, made like the channel client's (host, db, auth, protocol, TLS).
+
+    Made outside the pool (``ConnectionPool.make_connection``, redis-py 5.x): a
+    blocking command holds it until the server answers, and the hub polls its socket.
+    """
+    connection = channel.client.connection_pool.make_connection()
+    connection.connect()
+    return connection
+
+
+def socket_fd(connection: Any) -> int:
+    """The file descriptor the hub polls for ``connection``'s reply (redis-py's ``Connection._sock``)."""
+    return int(connection._sock.fileno())
+
+
+def send_peek(connection: Any, key: str, timeout: float) -> None:
+    """Block until ``key`` has an item, taking none: BLMOVE from the tail back onto the tail.
+
+    The tail is where kombu pops (it LPUSHes and BRPOPs), so the list is
+    unchanged, in order. The reply is the item, or nil after ``timeout`` seconds.
+    Redis >= 6.2 (BLMOVE); an older server answers with an error.
+    """
+    connection.send_command("BLMOVE", key, key, "RIGHT", "RIGHT", timeout)

@@ -19,6 +19,7 @@ from celery_durable.worker.fetchers import Fetcher, PassFetcher, ProbingFetcher,
 from celery_durable.worker.limit_gate import Admission, LimitGate
 from celery_durable.worker.parking import POISON_POLICY, Parker, parker_for, undecodable
 from celery_durable.worker.process_cap import HeldRun, HeldRuns
+from celery_durable.worker.redis_idle_wait import RedisIdleWait
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +80,10 @@ class Claimer:
         before_pass: Callable[[], None] = lambda: None,
         new_fetcher: Callable[[Any, Any], Fetcher] = fetcher_for,
         gate: LimitGate | None = None,
+        hub: Any = None,
     ) -> None:
         self._connection = connection
+        self._hub = hub
         self._gate = gate
         self._queues = queues
         self.held = held
@@ -102,6 +105,7 @@ class Claimer:
         self._idle_channels = IdleChannels(connection)
         self._idle_consumers: list[Any] = []
         self._idle_channel_messages: list[Any] | None = None
+        self._redis_wait: RedisIdleWait | None = None
         self._admitting: HeldRun | None = None
         self._ready = ReadyCounts()
         self.passes = 0
@@ -127,6 +131,7 @@ class Claimer:
         self._pass_fetcher = self._fetcher if isinstance(self._fetcher, PassFetcher) else None
         self._probing_fetcher = self._fetcher if isinstance(self._fetcher, ProbingFetcher) else None
         self._parker = parker_for(self._connection, self._claim_channel)
+        self._redis_wait = RedisIdleWait.for_channel(self._claim_channel, self._hub, self.kick)
         self.running = True
         # The first pass (and the idle wait it arms) runs now, before the worker
         # says ready, as stock Celery's consume does: a kick would queue it
@@ -141,6 +146,8 @@ class Claimer:
     def close(self) -> None:
         self.stop()
         self._idle_channels.close()
+        if self._redis_wait is not None:
+            self._redis_wait.close()
 
     def queues_changed(self) -> None:
         """A queue was cancelled: the idle wait must not go on consuming what it was armed on.
@@ -372,11 +379,26 @@ class Claimer:
     # -- the idle wait -----------------------------------------------------------
     def idle_waiting_on(self) -> set[str]:
         """The queues the idle any-queue wait is armed on (empty when it is not armed)."""
+        if self._peeking():
+            return self._redis_wait.waiting_on  # type: ignore[union-attr]
         return {queue.name for consumer in self._idle_consumers for queue in consumer.queues}
+
+    @property
+    def idle_wakes(self) -> int:
+        """Times the Redis idle wait saw a message and kicked a pass (the pass took it, or another worker did)."""
+        return self._redis_wait.wakes if self._redis_wait is not None else 0
+
+    def _peeking(self) -> bool:
+        # On Redis the wait only watches (worker/redis_idle_wait.py); elsewhere, and on a
+        # Redis without BLMOVE, kombu's consumer delivers (RabbitMQ keeps an unacked delivery).
+        return self._redis_wait is not None and self._redis_wait.supported
 
     def _arm_idle_wait(self, queues: dict[str, Any]) -> None:
         names = waitable_queues(self.held.queues(), self.held.free_slots(), self.held.room())
         names = tuple(name for name in names if name in queues)
+        if self._peeking():
+            self._redis_wait.arm(names)  # type: ignore[union-attr]
+            return
         if not names or self._idle_consumers:
             return
         channel, messages = self._idle_channels.take()
@@ -408,6 +430,8 @@ class Claimer:
         return on_message
 
     def _cancel_idle_wait(self) -> None:
+        if self._redis_wait is not None:
+            self._redis_wait.disarm()
         consumers, self._idle_consumers = self._idle_consumers, []
         for consumer in consumers:
             try:

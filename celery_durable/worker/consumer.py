@@ -93,6 +93,7 @@ class DurableConsumer(ConsumerHooks):
             queues=lambda: list(self.app.amqp.queues.consume_from.values()),
             accept=self.app.conf.accept_content,
             schedule=self._loop_kicks(hub),
+            hub=hub,
         )
         if hub is not None:
             for interval, fn in self.runtime.timers:

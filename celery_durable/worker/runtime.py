@@ -87,11 +87,13 @@ class WorkerRuntime:
         queues: Callable[[], Sequence[Any]],
         accept: Any,
         schedule: Callable[[Callable[[], None]], None] | None = None,
+        hub: Any = None,
     ) -> Claimer:
         """A claimer for ``connection`` (closing the last one), and its timers in ``self.timers``.
 
         ``schedule`` runs a callable soon on the loop thread (Celery's
         ``LoopKicks``, a self-pipe the hub polls); without one, kicks wait for :meth:`run_scheduled`.
+        ``hub`` (Celery's event loop; None without one) polls the Redis idle wait's sockets.
         """
         if self.claimer is not None:
             self.claimer.close()
@@ -110,6 +112,7 @@ class WorkerRuntime:
             before_pass=self.admit_due,
             new_fetcher=self._new_fetcher,
             gate=self.gate,
+            hub=hub,
         )
         self.claimer = claimer
         timers: list[Timer] = [(self.config.safety_interval, claimer.kick)]
@@ -310,6 +313,9 @@ class WorkerRuntime:
             "claim_passes": self.claimer.passes if self.claimer is not None else 0,
             "claimed_by_passes": self.claimer.claimed_by_passes if self.claimer is not None else 0,
             "claimed_by_idle_wait": self.claimer.claimed_by_idle_wait if self.claimer is not None else 0,
+            # Redis: the idle wait only watches, and each message it sees kicks a pass that takes it.
+            "idle_wakes": self.claimer.idle_wakes if self.claimer is not None else 0,
+            "idle_waiting_on": sorted(self.claimer.idle_waiting_on()) if self.claimer is not None else [],
             "claim_round_trips": self.claimer.round_trips if self.claimer is not None else 0,
             # Fleet limits: the leases this worker holds (task -> key, "*" for durable_concurrency -> runs),
             # and the messages its gate parked to wait their turn or dropped as busy.

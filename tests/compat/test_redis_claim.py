@@ -205,3 +205,40 @@ def test_claim_parks_poison_under_the_global_keyprefix(redis_queue: Any) -> None
     items, tags, parked = q.claim(1)
     assert (items, tags, parked) == ([], [], [b"not json"])
     assert plain.lrange(f"{prefix}{q.name}{PARKED_SUFFIX}", 0, -1) == [b"not json"]
+
+
+# -- the idle wait's peek ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("global_keyprefix", ["", "tenant:"])
+def test_peek_answers_with_the_oldest_item_and_leaves_every_list_as_it_was(redis_queue: Any,
+                                                                          global_keyprefix: str) -> None:
+    q = redis_queue(global_keyprefix=global_keyprefix)
+    lists = redis_claim.prefixed_priority_lists(q.channel, q.name)
+    assert lists[0] == global_keyprefix + q.name
+    for body in ("first", "second", "third"):
+        q.publish(body)
+    before = q.client.lrange(lists[0], 0, -1)
+    connection = redis_claim.open_blocking_connection(q.channel)
+    try:
+        redis_claim.send_peek(connection, lists[0], 5)
+        item = connection.read_response()
+        # kombu pops the tail: the peek answers with the message a claim would take next.
+        assert json.loads(item)["body"] == json.loads(before[-1])["body"]
+        assert q.client.lrange(lists[0], 0, -1) == before
+        # A peek that took nothing gives the claim the same message, and kombu's ack clears it.
+        items, tags, _ = q.claim(1)
+        assert items == [before[-1]]
+    finally:
+        connection.disconnect()
+
+
+def test_peek_on_an_empty_list_answers_nil_at_its_timeout_and_its_socket_is_pollable(redis_queue: Any) -> None:
+    q = redis_queue()
+    connection = redis_claim.open_blocking_connection(q.channel)
+    try:
+        assert redis_claim.socket_fd(connection) >= 0
+        redis_claim.send_peek(connection, redis_claim.prefixed_priority_lists(q.channel, q.name)[-1], 1)
+        assert connection.read_response() is None
+    finally:
+        connection.disconnect()

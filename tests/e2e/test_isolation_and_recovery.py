@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -86,6 +88,23 @@ def test_acks_late_run_of_a_killed_worker_is_redelivered_and_runs(scenario, brok
     assert len(starts) == 2
     assert ended[0]["id"] == task_id
     assert second.terminate() == 0
+
+
+def test_a_message_handed_to_an_idle_worker_as_it_is_killed_is_run_by_another(scenario, broker):
+    # Before, on Redis: the idle wait was kombu's BRPOP, which takes a message off its list the moment
+    # it arrives; a worker killed before its loop read the reply took the only copy with it (never
+    # run, not in the queue, not unacked). The killed holder of issue 11 lost one so, 1 run in 6.
+    s = scenario(["q"])
+    victim = s.worker(concurrency=1).wait_ready()
+    victim.wait_durable(lambda d: d["idle_waiting_on"] == [s.by_name["q"]], timeout=10,
+                        what="the victim's idle wait to be armed on q")
+    # Stopped, its loop reads nothing more: whatever Redis or RabbitMQ hands it stays in its socket.
+    os.kill(victim.process.pid, signal.SIGSTOP)
+    task_id = s.send("q", "handed-to-the-victim")
+    victim.kill()
+    s.worker(concurrency=1).wait_ready()
+    ended = s.wait_ended(1, timeout=30)
+    assert [e["id"] for e in ended] == [task_id]
 
 
 def test_sigterm_lets_held_runs_finish_and_leaves_the_rest_in_the_broker(scenario):

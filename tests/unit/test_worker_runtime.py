@@ -613,6 +613,8 @@ def test_stats_report_the_claim_state(connection, make_worker):
         "claim_round_trips": 3,  # one basic_get per message on the memory transport
         "claimed_by_passes": 3,
         "claimed_by_idle_wait": 0,
+        "idle_wakes": 0,
+        "idle_waiting_on": [b],  # a is at its slot; room is left for b
         "leases": {},  # no task declares a fleet limit: no gate
         "limits_waited": 0,
         "limits_dropped": 0,
