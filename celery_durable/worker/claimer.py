@@ -379,25 +379,23 @@ class Claimer:
     # -- the idle wait -----------------------------------------------------------
     def idle_waiting_on(self) -> set[str]:
         """The queues the idle any-queue wait is armed on (empty when it is not armed)."""
-        if self._peeking():
-            return self._redis_wait.waiting_on  # type: ignore[union-attr]
-        return {queue.name for consumer in self._idle_consumers for queue in consumer.queues}
+        peeked = self._redis_wait.waiting_on if self._redis_wait is not None else set()
+        return peeked | {queue.name for consumer in self._idle_consumers for queue in consumer.queues}
 
     @property
     def idle_wakes(self) -> int:
         """Times the Redis idle wait saw a message and kicked a pass (the pass took it, or another worker did)."""
         return self._redis_wait.wakes if self._redis_wait is not None else 0
 
-    def _peeking(self) -> bool:
-        # On Redis the wait only watches (worker/redis_idle_wait.py); elsewhere, and on a
-        # Redis without BLMOVE, kombu's consumer delivers (RabbitMQ keeps an unacked delivery).
-        return self._redis_wait is not None and self._redis_wait.supported
-
     def _arm_idle_wait(self, queues: dict[str, Any]) -> None:
         names = waitable_queues(self.held.queues(), self.held.free_slots(), self.held.room())
         names = tuple(name for name in names if name in queues)
-        if self._peeking():
-            self._redis_wait.arm(names)  # type: ignore[union-attr]
+        # On Redis the wait only watches (worker/redis_idle_wait.py); elsewhere, on a Redis without
+        # BLMOVE, and past its connection budget, kombu's consumer delivers (RabbitMQ keeps an
+        # unacked delivery; Redis's BRPOP keeps its gap).
+        peek = self._redis_wait
+        if peek is not None and peek.supported and peek.fits(names):
+            peek.arm(names)
             return
         if not names or self._idle_consumers:
             return

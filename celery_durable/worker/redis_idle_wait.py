@@ -38,6 +38,11 @@ logger = logging.getLogger(__name__)
 #: connection that died without a reset (a half-open socket) is replaced this soon.
 PEEK_TIMEOUT = 10
 
+#: The most lists one worker watches with a connection each (four per queue, kombu's priority
+#: steps: 16 queues). A worker waiting on more waits with kombu's BRPOP instead, which needs one
+#: connection for them all but keeps its gap; it says so once.
+MAX_PEEK_LISTS = 64
+
 
 class RedisIdleWait:
     """Watches a worker's waitable queues on Redis and calls ``on_wake`` when one has a message."""
@@ -56,6 +61,7 @@ class RedisIdleWait:
         #: False once Redis refused BLMOVE (older than 6.2): the claimer waits with kombu's consumer.
         self.supported = True
         self.wakes = 0
+        self._said_too_many = False
 
     @classmethod
     def for_channel(cls, channel: Any, hub: Any, on_wake: Callable[[], None]) -> RedisIdleWait | None:
@@ -67,6 +73,18 @@ class RedisIdleWait:
     @property
     def waiting_on(self) -> set[str]:
         return set(self._queues)
+
+    def fits(self, queues: Iterable[str]) -> bool:
+        """Whether waiting on ``queues`` stays within :data:`MAX_PEEK_LISTS` connections."""
+        lists = sum(len(prefixed_priority_lists(self._channel, queue)) for queue in queues)
+        if lists <= MAX_PEEK_LISTS:
+            return True
+        if not self._said_too_many:
+            self._said_too_many = True
+            logger.warning("durable.idle.redis_too_many_lists lists=%d max=%d: waiting with kombu's BRPOP "
+                           "(one connection; a worker killed as a message arrives can lose it)",
+                           lists, MAX_PEEK_LISTS)
+        return False
 
     def arm(self, queues: Iterable[str]) -> None:
         """Wait on ``queues``: a peek on each of their lists that is not already waiting for an answer."""

@@ -94,3 +94,17 @@ def test_an_answer_after_disarm_only_kicks_and_is_not_asked_again(watched: Watch
     watched.wait.arm([watched.name])
     watched.turn_until(lambda: watched.woken == 2, "the new peek to answer")
     assert watched.depth() == 1
+
+
+def test_more_queues_than_the_connection_budget_do_not_fit_and_it_says_so_once(watched: Watched, caplog) -> None:
+    from celery_durable.worker.redis_idle_wait import MAX_PEEK_LISTS
+
+    per_queue = len(watched.channel.priority_steps)
+    fitting = [f"q{i}" for i in range(MAX_PEEK_LISTS // per_queue)]
+    assert watched.wait.fits(fitting)
+    too_many = [*fitting, "one-more"]
+    with caplog.at_level("WARNING", logger="celery_durable.worker.redis_idle_wait"):
+        assert not watched.wait.fits(too_many)
+        assert not watched.wait.fits(too_many)
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "durable.idle.redis_too_many_lists" in caplog.records[0].message
