@@ -231,7 +231,7 @@ def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked
     channel's ``global_keyprefix``, as kombu's own client writes them.
     """
     qos = channel.qos
-    prefix = getattr(channel, "global_keyprefix", "") or ""
+    prefix = key_prefix(channel)
     keys: list[str] = [prefix + qos.unacked_index_key, prefix + qos.unacked_key]
     steps = [channel.priority(step) for step in channel.priority_steps]
     args = [repr(now), -1 if room is None else room, channel.sep, parked_suffix,
@@ -250,9 +250,14 @@ def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked
 # -- the idle wait's peek: a blocking read that takes nothing --------------------------------------
 
 
+def key_prefix(channel: Any) -> str:
+    """The transport option ``global_keyprefix`` kombu's client puts before every key ("" without one)."""
+    return getattr(channel, "global_keyprefix", "") or ""
+
+
 def prefixed_priority_lists(channel: Any, queue: str) -> list[str]:
     """``queue``'s Redis lists as the server names them: kombu's priority lists behind ``global_keyprefix``."""
-    prefix = getattr(channel, "global_keyprefix", "") or ""
+    prefix = key_prefix(channel)
     return [prefix + name for name in priority_lists(channel, queue)]
 
 

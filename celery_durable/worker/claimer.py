@@ -393,9 +393,7 @@ class Claimer:
         # On Redis the wait only watches (worker/redis_idle_wait.py); elsewhere, on a Redis without
         # BLMOVE, and past its connection budget, kombu's consumer delivers (RabbitMQ keeps an
         # unacked delivery; Redis's BRPOP keeps its gap).
-        peek = self._redis_wait
-        if peek is not None and peek.supported and peek.fits(names):
-            peek.arm(names)
+        if self._redis_wait is not None and self._redis_wait.arm(names):
             return
         if not names or self._idle_consumers:
             return

@@ -62,6 +62,7 @@ class RedisIdleWait:
         self.supported = True
         self.wakes = 0
         self._said_too_many = False
+        self._lists: dict[str, list[str]] = {}
 
     @classmethod
     def for_channel(cls, channel: Any, hub: Any, on_wake: Callable[[], None]) -> RedisIdleWait | None:
@@ -74,24 +75,34 @@ class RedisIdleWait:
     def waiting_on(self) -> set[str]:
         return set(self._queues)
 
-    def fits(self, queues: Iterable[str]) -> bool:
-        """Whether waiting on ``queues`` stays within :data:`MAX_PEEK_LISTS` connections."""
-        lists = sum(len(prefixed_priority_lists(self._channel, queue)) for queue in queues)
-        if lists <= MAX_PEEK_LISTS:
-            return True
-        if not self._said_too_many:
-            self._said_too_many = True
-            logger.warning("durable.idle.redis_too_many_lists lists=%d max=%d: waiting with kombu's BRPOP "
-                           "(one connection; a worker killed as a message arrives can lose it)",
-                           lists, MAX_PEEK_LISTS)
-        return False
+    def arm(self, queues: Iterable[str]) -> bool:
+        """Wait on ``queues``: a peek on each of their lists that is not already waiting for an answer.
 
-    def arm(self, queues: Iterable[str]) -> None:
-        """Wait on ``queues``: a peek on each of their lists that is not already waiting for an answer."""
-        self._queues = set(queues)
-        self._wanted = {key for queue in self._queues for key in prefixed_priority_lists(self._channel, queue)}
-        for key in sorted(self._wanted - self._blocked):
+        False, and nothing armed, when Redis refused BLMOVE or the lists are more than
+        :data:`MAX_PEEK_LISTS` (a connection each): the claimer waits with kombu's consumer.
+        """
+        if not self.supported:
+            return False
+        queues = set(queues)
+        wanted = {key for queue in queues for key in self._lists_of(queue)}
+        if len(wanted) > MAX_PEEK_LISTS:
+            if not self._said_too_many:
+                self._said_too_many = True
+                logger.warning("durable.idle.redis_too_many_lists lists=%d max=%d: waiting with kombu's BRPOP "
+                               "(one connection; a worker killed as a message arrives can lose it)",
+                               len(wanted), MAX_PEEK_LISTS)
+            return False
+        self._queues, self._wanted = queues, wanted
+        for key in sorted(wanted - self._blocked):
             self._peek(key)
+        return True
+
+    def _lists_of(self, queue: str) -> list[str]:
+        # Asked at the end of every pass that leaves room: each queue's names are made once.
+        lists = self._lists.get(queue)
+        if lists is None:
+            lists = self._lists[queue] = prefixed_priority_lists(self._channel, queue)
+        return lists
 
     def disarm(self) -> None:
         """Stop waiting. Peeks already sent stay until Redis answers: an answer then is a harmless kick."""

@@ -96,15 +96,19 @@ def test_an_answer_after_disarm_only_kicks_and_is_not_asked_again(watched: Watch
     assert watched.depth() == 1
 
 
-def test_more_queues_than_the_connection_budget_do_not_fit_and_it_says_so_once(watched: Watched, caplog) -> None:
+def test_more_queues_than_the_connection_budget_are_not_armed_and_it_says_so_once(watched: Watched,
+                                                                                   caplog: Any) -> None:
     from celery_durable.worker.redis_idle_wait import MAX_PEEK_LISTS
 
-    per_queue = len(watched.channel.priority_steps)
-    fitting = [f"q{i}" for i in range(MAX_PEEK_LISTS // per_queue)]
-    assert watched.wait.fits(fitting)
-    too_many = [*fitting, "one-more"]
+    per_queue = len(prefixed_priority_lists(watched.channel, watched.name))
+    too_many = [watched.name, *[f"other{i}" for i in range(MAX_PEEK_LISTS // per_queue)]]
     with caplog.at_level("WARNING", logger="celery_durable.worker.redis_idle_wait"):
-        assert not watched.wait.fits(too_many)
-        assert not watched.wait.fits(too_many)
-    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
-    assert "durable.idle.redis_too_many_lists" in caplog.records[0].message
+        assert not watched.wait.arm(too_many)
+        assert not watched.wait.arm(too_many)
+    assert watched.wait.waiting_on == set()
+    said = [r.message for r in caplog.records if "durable.idle.redis_too_many_lists" in r.message]
+    assert len(said) == 1
+    # Within the budget it arms, and a message wakes it.
+    assert watched.wait.arm(too_many[:-1])
+    watched.publish("hello")
+    watched.turn_until(lambda: watched.woken == 1, "the wait within its budget to wake")
