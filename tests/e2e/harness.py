@@ -230,7 +230,10 @@ class WorkerProcess:
         seen: list[dict[str, Any]] = []
 
         def check() -> dict[str, Any] | None:
-            stats = self.durable_stats()
+            reply = self.stats()
+            if reply is None:  # a missed reply is one more poll, not the answer; the deadline still holds
+                return None
+            stats = dict(reply["durable"])
             seen[:] = [stats]
             return stats if condition(stats) else None
 
@@ -239,12 +242,29 @@ class WorkerProcess:
         except AssertionError as err:
             raise AssertionError(f"{err}; last durable stats: {seen[-1] if seen else None}") from None
 
+    def answers_ping(self, timeout: float = 1.0) -> bool:
+        """Whether this worker's remote-control mailbox answered a ``ping`` within ``timeout``."""
+        replies = self.scenario.producer.control.ping(destination=[self.hostname], timeout=timeout, limit=1)
+        return any(self.hostname in reply for reply in replies or [])
+
     def wait_ready(self, timeout: float = 30.0) -> WorkerProcess:
+        """Wait for the ready line, then for the worker to answer ``ping``.
+
+        The ready line is logged before the remote-control mailbox is surely listening: on Redis the
+        broadcast is a PUBLISH, and one sent before kombu's SUBSCRIBE has reached Redis is dropped (stop
+        21's CI failed on an ``inspect stats`` sent just then). A test that inspects a ready worker needs
+        the mailbox, so ready means both.
+        """
+        deadline = time.monotonic() + timeout
+
         def ready() -> bool:
             if self.process.poll() is not None:
                 raise AssertionError(f"worker exited with {self.process.returncode}:\n{self.log()[-3000:]}")
             return " ready." in self.log()
         wait_for(ready, timeout=timeout, what="the worker to be ready", every=0.05)
+        wait_for(lambda: ready() and self.answers_ping(),
+                 timeout=max(deadline - time.monotonic(), 1.0), what="the ready worker to answer ping",
+                 every=0.05)
         return self
 
     def terminate(self, timeout: float = 60.0) -> int:
