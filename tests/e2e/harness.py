@@ -202,6 +202,9 @@ class WorkerProcess:
             args += ["-c", str(concurrency)]
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(args, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self._broker_url = broker_url or scenario.broker_url
+        self._transport_options = conf.get("broker_transport_options")
+        self._own_control: Celery | None = None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -213,7 +216,7 @@ class WorkerProcess:
 
     def stats(self, timeout: float = 2.0) -> dict[str, Any] | None:
         """This worker's ``celery inspect stats`` reply; None if it did not answer within ``timeout``."""
-        inspect = self.scenario.producer.control.inspect(destination=[self.hostname], timeout=timeout, limit=1)
+        inspect = self.control_app().control.inspect(destination=[self.hostname], timeout=timeout, limit=1)
         replies = inspect.stats() or {}
         return replies.get(self.hostname)
 
@@ -242,9 +245,26 @@ class WorkerProcess:
         except AssertionError as err:
             raise AssertionError(f"{err}; last durable stats: {seen[-1] if seen else None}") from None
 
+    @property
+    def has_remote_control(self) -> bool:
+        """kombu's SQLAlchemy transport keeps fanout bindings in each process: no broadcast reaches a worker."""
+        return not self._broker_url.startswith("sqla")
+
+    def control_app(self) -> Celery:
+        """An app whose broadcasts reach this worker: the scenario's (on the broker itself, even when the
+        worker goes through a fault proxy), unless the worker's keys have a ``global_keyprefix`` (its
+        mailbox's keys have it too)."""
+        options = self._transport_options or {}
+        if not options.get("global_keyprefix"):
+            return self.scenario.producer
+        if self._own_control is None:
+            self._own_control = Celery("e2e-control", broker=self.scenario.broker_url, set_as_current=False)
+            self._own_control.conf.broker_transport_options = options
+        return self._own_control
+
     def answers_ping(self, timeout: float = 1.0) -> bool:
         """Whether this worker's remote-control mailbox answered a ``ping`` within ``timeout``."""
-        replies = self.scenario.producer.control.ping(destination=[self.hostname], timeout=timeout, limit=1)
+        replies = self.control_app().control.ping(destination=[self.hostname], timeout=timeout, limit=1)
         return any(self.hostname in reply for reply in replies or [])
 
     def wait_ready(self, timeout: float = 30.0) -> WorkerProcess:
@@ -262,6 +282,8 @@ class WorkerProcess:
                 raise AssertionError(f"worker exited with {self.process.returncode}:\n{self.log()[-3000:]}")
             return " ready." in self.log()
         wait_for(ready, timeout=timeout, what="the worker to be ready", every=0.05)
+        if not self.has_remote_control:
+            return self
         wait_for(lambda: ready() and self.answers_ping(),
                  timeout=max(deadline - time.monotonic(), 1.0), what="the ready worker to answer ping",
                  every=0.05)
@@ -275,6 +297,12 @@ class WorkerProcess:
             return self.process.wait(timeout=timeout)
         finally:
             self._log.close()
+            self._close_control()
+
+    def _close_control(self) -> None:
+        if self._own_control is not None:
+            self._own_control.close()
+            self._own_control = None
 
     def kill(self) -> None:
         """SIGKILL the worker and its pool children (as a crash would)."""
@@ -288,6 +316,7 @@ class WorkerProcess:
                     pass
             self.process.wait(timeout=30)
         self._log.close()
+        self._close_control()
 
 
 class BeatProcess:
