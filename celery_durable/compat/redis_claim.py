@@ -59,6 +59,23 @@ def ack_many(messages: list[Any]) -> None:
         message._state = "ACK"
 
 
+def restore_in_front(messages: list[Any]) -> None:
+    """Put claimed Redis messages back at the head of their lists (popped next), in their order.
+
+    kombu's ``reject(requeue=True)`` restores to the tail (``leftmost=True``),
+    behind every message sent since; a message a claim pass took and could not
+    start goes back where it was, ahead of the ones sent after it. Its restore
+    is kombu's own (``QoS.restore_by_tag``: the unacked record and the push in
+    one transaction); then each message is marked rejected as
+    ``Message.reject`` would (``virtual.QoS.ack`` and the message state).
+    """
+    for message in reversed(messages):  # each push goes ahead of the one before: the first ends up first
+        qos = message.channel.qos
+        qos.restore_by_tag(message.delivery_tag, leftmost=False)
+        virtual.QoS.ack(qos, message.delivery_tag)
+        message._state = "REJECTED"
+
+
 def renew_unacked(client: Any, channel_qos: Any, scores: dict[Any, float]) -> None:
     """Move the claim time of tags still unacked to ``scores`` (XX: a tag already restored is not re-added)."""
     client.zadd(channel_qos.unacked_index_key, scores, xx=True)

@@ -138,6 +138,34 @@ def record(sweep: Sweep, ask: Ask, got: int) -> Sweep:
     )
 
 
+#: The most messages a pass takes beyond its room (``overdrawn``): one store transaction parks them.
+MAX_OVERDRAW = 64
+
+
+def overdraw_after(went_to_wait: int, handed_back: int) -> int:
+    """How many messages the next pass takes beyond its room, after a pass in which ``went_to_wait``
+    took no slot (parked for a busy key or a later rate turn, dropped, poison) and ``handed_back``
+    could have run but found no slot.
+
+    A pass whose messages all wait left its room free: asking for twice as many
+    next time parks a flood of one busy key in a few large batches (a slot's
+    worth per pass made 1,000 waiting messages cost hundreds of passes, holding
+    other keys' messages behind them). Each message given back costs a
+    round trip for nothing, so they pull the overdraw down; none waiting ends it.
+    """
+    return max(0, min(MAX_OVERDRAW, 2 * went_to_wait - handed_back))
+
+
+def overdrawn(free: Mapping[str, int], room: int, extra: int) -> tuple[dict[str, int], int]:
+    """``free`` and ``room`` with ``extra`` more for every queue that has a free slot, when there is room.
+
+    A worker with no room takes nothing: its slots are what it claims for.
+    """
+    if extra <= 0 or room <= 0:
+        return dict(free), room
+    return {queue: slots + extra if slots > 0 else 0 for queue, slots in free.items()}, room + extra
+
+
 def waitable_queues(queues: Sequence[str], free: Mapping[str, int], room: int | None) -> tuple[str, ...]:
     """The queues an idle worker may wait on at once: those with a free slot, if it has room."""
     if room == 0:

@@ -20,6 +20,7 @@ RUN = "run"            # every lease taken: hand it to Celery
 WAIT = "wait"          # a scope is busy or its rate turn is later: parked in the store, acked
 DROP = "drop"          # a scope is busy and the task drops when busy: acked, counted, not run
 FAIL = "fail"          # the task's key function failed for this message: the run fails, named
+BACK = "back"          # it could run, but the pass has no slot left for it: back to the broker, nothing taken
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,37 @@ class LimitAsk:
     scopes: tuple[Scope, ...]
     rate: Rate | None
     when_busy: str
+    #: The queue it was claimed from (whose free slots a run takes: ``RunRoom``).
+    queue: str = ""
+
+
+@dataclass
+class RunRoom:
+    """The runs a claim pass may still start: in all, and per queue.
+
+    A pass may take more messages than it has slots (``planning.claim_sweep``'s
+    overdraw): the ones that wait or are dropped need none, and a flood of one
+    busy key is parked in a few large batches instead of a slot's worth at a
+    time. A message that could run once this room is spent goes back to the broker.
+    """
+
+    total: int
+    per_queue: dict[str, int]
+
+    def take(self, queue: str) -> bool:
+        """Spend a slot of ``queue`` for one run; False (nothing spent) when there is none."""
+        if self.total <= 0 or self.per_queue.get(queue, 0) <= 0:
+            return False
+        self.total -= 1
+        self.per_queue[queue] -= 1
+        return True
+
+    def fits(self, queues: list[str]) -> bool:
+        """Whether runs from ``queues`` (one per item) all fit, spending nothing."""
+        wanted: dict[str, int] = {}
+        for queue in queues:
+            wanted[queue] = wanted.get(queue, 0) + 1
+        return len(queues) <= self.total and all(self.per_queue.get(q, 0) >= n for q, n in wanted.items())
 
 
 @dataclass
@@ -107,11 +139,15 @@ class BatchPlan:
 
 
 def plan_batch(asks: list[LimitAsk], scopes: dict[Scope, ScopeState], parked_ids: set[str],
-               rate_booked: set[tuple[str, str]], tats: dict[str, datetime | None], now: datetime) -> BatchPlan:
+               rate_booked: set[tuple[str, str]], tats: dict[str, datetime | None], now: datetime,
+               room: RunRoom | None = None) -> BatchPlan:
     """Decide each ask in arrival order; ``scopes``' states are updated as the decisions take leases.
 
     Waiters parked earlier go first: where a scope has room and waiters, they
-    are made ready before a message of this batch may take a lease there.
+    are made ready before a message of this batch may take a lease there. A
+    message that could run when ``room`` (the pass's slots) is spent is BACK:
+    it takes no lease and keeps its rate turn unbooked, so a later message of
+    its key, finding the same lease free, is BACK too and the key's order holds.
     """
     plan = BatchPlan()
     current_tats = dict(tats)
@@ -121,10 +157,12 @@ def plan_batch(asks: list[LimitAsk], scopes: dict[Scope, ScopeState], parked_ids
             plan.decisions.append(Decision(WAIT))
             continue
         holds_turn = False
+        used_booking = False
         if ask.rate is not None:
             if (ask.task, ask.task_id) in rate_booked:
                 rate_booked.discard((ask.task, ask.task_id))
                 plan.used_rate_bookings.append((ask.task, ask.task_id))
+                used_booking = True
             else:
                 turn = book_rate_turn(current_tats.get(ask.task), now, ask.rate.interval, ask.rate.burst)
                 current_tats[ask.task] = plan.tats[ask.task] = turn.tat
@@ -146,6 +184,16 @@ def plan_batch(asks: list[LimitAsk], scopes: dict[Scope, ScopeState], parked_ids
                 scopes[busy].waiting += 1
                 plan.parked.append((index, busy, None))
                 plan.decisions.append(Decision(WAIT, busy=busy))
+            continue
+        if room is not None and not room.take(ask.queue):
+            if used_booking:  # it goes back with its booked turn, which it uses when it comes again
+                plan.used_rate_bookings.pop()
+                rate_booked.add((ask.task, ask.task_id))
+            elif holds_turn and ask.rate is not None:
+                tat = current_tats.get(ask.task)
+                if tat is not None:  # the turn it booked just now goes back
+                    current_tats[ask.task] = plan.tats[ask.task] = return_rate_turn(tat, ask.rate.interval)
+            plan.decisions.append(Decision(BACK))
             continue
         for scope in ask.scopes:
             state = scopes[scope]

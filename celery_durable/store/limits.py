@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from celery_durable.planning.limit_declarations import Rate, Scope
-from celery_durable.planning.limits import Decision, LimitAsk, ScopeState, plan_batch, return_rate_turn
+from celery_durable.planning.limits import Decision, LimitAsk, RunRoom, ScopeState, plan_batch, return_rate_turn
 from celery_durable.store.schema import limit_leases as leases
 from celery_durable.store.schema import limit_waiting as waiting
 from celery_durable.store.schema import rate_limits
@@ -70,11 +70,12 @@ class ReadyMessage:
 
 
 def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[WaitingMessage], *,
-               holder: str, ttl: float, now: datetime) -> tuple[list[Decision], int]:
+               holder: str, ttl: float, now: datetime, room: RunRoom | None = None) -> tuple[list[Decision], int]:
     """In ``conn``'s transaction: for each ask in order, take its leases, or park (or drop) its message.
 
     Returns each ask's decision, and how many waiting messages the batch made
-    ready (a dispatcher should look now).
+    ready (a dispatcher should look now). A message that could run once
+    ``room`` is spent is BACK: nothing is written for it.
 
     One transaction and a few statements per scope for the whole batch (a claim
     pass): the scopes are read once under their locks, the decisions are made
@@ -99,7 +100,7 @@ def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[Wa
                 leases.c.task_name.in_(rated), leases.c.kind == RATE_KIND, leases.c.task_id.in_(task_ids)))}
         tats = {task: _aware(tat) for task, tat in conn.execute(
             sa.select(rate_limits.c.task_name, rate_limits.c.tat).where(rate_limits.c.task_name.in_(rated)))}
-    plan = plan_batch(list(asks), states, parked_ids, rate_booked, tats, now)
+    plan = plan_batch(list(asks), states, parked_ids, rate_booked, tats, now, room)
 
     made_ready = sum(_make_ready(conn, scope, count, ttl, now) for scope, count in plan.ready.items())
     expires = now + timedelta(seconds=ttl)

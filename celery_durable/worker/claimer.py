@@ -10,12 +10,23 @@ from typing import Any
 
 from kombu.messaging import Consumer as KombuConsumer
 
+from celery_durable.compat.redis_claim import restore_in_front
 from celery_durable.compat.request import eta_ahead, waits_for_eta
 from celery_durable.compat.transport_guards import guard_channel
 from celery_durable.errors import InvariantBroken
-from celery_durable.planning.claim_sweep import Sweep, begin_sweep, next_ask, record, skip_to, waitable_queues
+from celery_durable.planning.claim_sweep import (
+    Sweep,
+    begin_sweep,
+    next_ask,
+    overdraw_after,
+    overdrawn,
+    record,
+    skip_to,
+    waitable_queues,
+)
+from celery_durable.planning.limits import BACK, RunRoom
 from celery_durable.planning.ready_counts import ReadyCounts
-from celery_durable.worker.fetchers import Fetcher, PassFetcher, ProbingFetcher, fetcher_for
+from celery_durable.worker.fetchers import Fetcher, PassFetcher, ProbingFetcher, fetcher_for, gives_back_in_place
 from celery_durable.worker.limit_gate import Admission, LimitGate
 from celery_durable.worker.parking import POISON_POLICY, Parker, parker_for, undecodable
 from celery_durable.worker.process_cap import HeldRun, HeldRuns
@@ -112,6 +123,12 @@ class Claimer:
         #: Messages admitted from claim passes, and from the idle any-queue wait.
         self.claimed_by_passes = 0
         self.claimed_by_idle_wait = 0
+        #: Messages a pass took that could have run but found no slot left: given back to the broker.
+        self.handed_back = 0
+        #: Messages the next pass takes beyond its room: grown while passes park or drop what they
+        #: take (a flood of one busy key goes to the store in large batches), gone when they stop.
+        self._overdraw = 0
+        self._may_overdraw = False
         #: Set when the store could not answer the gate: no pass until then (a requeued
         #: message would otherwise come straight back and spin while the store is down).
         self._paused_until = 0.0
@@ -131,6 +148,7 @@ class Claimer:
         self._pass_fetcher = self._fetcher if isinstance(self._fetcher, PassFetcher) else None
         self._probing_fetcher = self._fetcher if isinstance(self._fetcher, ProbingFetcher) else None
         self._parker = parker_for(self._connection, self._claim_channel)
+        self._may_overdraw = gives_back_in_place(self._claim_channel)
         self._redis_wait = RedisIdleWait.for_channel(self._claim_channel, self._hub, self.kick)
         self.running = True
         # The first pass (and the idle wait it arms) runs now, before the worker
@@ -198,28 +216,32 @@ class Claimer:
         order = [name for name in self.held.queues() if name in queues]
         free = self.held.free_slots()
         room = self.held.room()
-        free = {q: free.get(q, 0) for q in order}
+        free, room = overdrawn({q: free.get(q, 0) for q in order}, room, self._overdraw)
         if self._probing_fetcher is not None and room > 0:
             free = self._probed(self._probing_fetcher, free, self._ready)
         sweep = begin_sweep(order, free, room, self.cursor)
         self.passes += 1
+        went_to_wait = handed_back = 0
         if self._pass_fetcher is not None and self.claiming:
-            sweep = self._run_whole_pass(self._pass_fetcher, sweep)
+            sweep, went_to_wait, handed_back = self._run_whole_pass(self._pass_fetcher, sweep)
         else:
-            went_to_wait = 0
             while self.claiming:
                 ask, sweep = next_ask(sweep)
                 if ask is None:
                     break
-                taken, admitted = self._fetch(queues[ask.queue], ask.count)
+                taken, admitted, back = self._fetch(queues[ask.queue], ask.count)
                 self._ready.took(ask.queue, ask.count, taken)
                 sweep = record(sweep, ask, taken)
-                went_to_wait += taken - admitted
-            if went_to_wait:
-                # As a whole pass does: messages parked (or gone to wait for a limit) took room in
-                # this pass without holding a slot; another pass fills it. Recording only the ones
-                # admitted would read the queue as drained, and wait on it one delivery at a time.
-                self.kick()
+                went_to_wait += taken - admitted - back
+                handed_back += back
+        if self._may_overdraw:
+            self._overdraw = overdraw_after(went_to_wait, handed_back)
+        if went_to_wait and not handed_back:
+            # Messages parked (or gone to wait for a limit, or dropped) took room in this pass
+            # without holding a slot; another pass fills it. Recording only the ones admitted would
+            # read the queue as drained, and wait on it one delivery at a time. (A pass that gave
+            # messages back ran out of slots: the runs that end kick the next.)
+            self.kick()
         self.cursor = sweep.cursor
         self.claimed_by_passes += sweep.claimed
         if self.claiming and self.held.room() > 0 and not self._kick_pending:
@@ -251,8 +273,12 @@ class Claimer:
             memory.probed(ready, now, now - started)
         return {q: min(slots, ready.get(q, slots)) for q, slots in free.items()}
 
-    def _run_whole_pass(self, fetcher: PassFetcher, sweep: Sweep) -> Sweep:
-        """The pass in one broker round trip; the planner replays its asks and must agree with each."""
+    def _run_whole_pass(self, fetcher: PassFetcher, sweep: Sweep) -> tuple[Sweep, int, int]:
+        """The pass in one broker round trip; the planner replays its asks and must agree with each.
+
+        Returns the sweep, how many messages took no slot (parked, waiting, dropped) and how many
+        went back to the broker for want of one.
+        """
         results = fetcher.claim_pass(sweep.to_ask, sweep.free, sweep.room)
         unreadable = 0
         taken: list[tuple[str, Any]] = []
@@ -269,28 +295,29 @@ class Claimer:
             taken.extend((result.queue, message) for message in result.messages)
             unreadable += result.taken - len(result.messages)
         # Admitted together: the limit gate decides a pass's limited messages in one store transaction.
-        unreadable += len(taken) - self._admit_all(taken)
-        if unreadable:
-            # Items Python could not read were parked (and limited messages went to
-            # wait) after they took room in the pass: another pass fills it.
-            self.kick()
-        return sweep
+        admitted, handed_back = self._admit_all(taken)
+        return sweep, unreadable + len(taken) - admitted - handed_back, handed_back
 
-    def _fetch(self, queue: Any, count: int) -> tuple[int, int]:
-        """(messages taken from the broker, of them admitted: now holding a slot)."""
+    def _fetch(self, queue: Any, count: int) -> tuple[int, int, int]:
+        """(messages taken from the broker, of them admitted: now holding a slot, given back: no slot left)."""
         if self._fetcher is None:  # run_pass checked; set once at start, never cleared
-            return 0, 0
+            return 0, 0, 0
         # A message already taken from the broker is admitted even if a stop
         # came meanwhile: it is counted, and the drain hands it back.
         messages = list(self._fetcher.fetch(queue, count, lambda: self.claiming))
-        return len(messages), self._admit_all([(queue.name, message) for message in messages])
+        admitted, handed_back = self._admit_all([(queue.name, message) for message in messages])
+        return len(messages), admitted, handed_back
 
     def _admit(self, queue_name: str, message: Any) -> bool:
-        """Hand ``message`` to Celery; False if it was parked, or went to wait for a limit (no slot)."""
-        return self._admit_all([(queue_name, message)]) == 1
+        """Hand ``message`` to Celery; False if it was parked, went to wait for a limit, or back (no slot)."""
+        return self._admit_all([(queue_name, message)])[0] == 1
 
-    def _admit_all(self, taken: list[tuple[str, Any]]) -> int:
-        """Hand each (queue, message) to Celery in order; returns how many now hold a slot."""
+    def _admit_all(self, taken: list[tuple[str, Any]]) -> tuple[int, int]:
+        """Hand each (queue, message) to Celery in order, as far as the worker's slots go.
+
+        Returns (how many now hold a slot, how many went back to the broker: they could run, but
+        the pass took more than its room and none was left).
+        """
         readable = []
         for queue_name, message in taken:
             reason = undecodable(message)
@@ -300,30 +327,64 @@ class Claimer:
                 self._park(queue_name, message, reason)
             else:
                 readable.append((queue_name, message))
-        admissions = self._limit_admissions(readable)
-        return sum(self._admit_readable(queue_name, message, checked, admission)
-                   for (queue_name, message), (checked, admission) in zip(readable, admissions))
+        admissions = self._admissions(readable)
+        back = [message for (_, message), (_, admission) in zip(readable, admissions)
+                if admission is not None and admission.verdict == BACK]
+        admitted = sum(self._admit_readable(queue_name, message, checked, admission)
+                       for (queue_name, message), (checked, admission) in zip(readable, admissions))
+        if back:
+            self._give_back_unstarted(back)
+        return admitted, len(back)
 
-    def _limit_admissions(self, readable: list[tuple[str, Any]]) -> list[tuple[bool, Admission | None]]:
-        """(checked, admission) per message: what the fleet-limit gate decided, in one store transaction.
+    def _admissions(self, readable: list[tuple[str, Any]]) -> list[tuple[bool, Admission | None]]:
+        """(checked, admission) per message: what runs, in the worker's slots as they are now.
 
-        A message whose ETA is ahead is not checked now (it takes its leases
-        when due); a message of an unlimited task is checked and needs nothing.
+        A message whose ETA is ahead holds no slot until due and is not checked
+        now (it takes its leases when due). The rest spend the slots in order,
+        the runs of unlimited tasks first, then the fleet-limit gate's (one store
+        transaction for them all); a message that could run once they are spent
+        is BACK.
         """
         gate = self._gate
-        if gate is None:
-            return [(False, None)] * len(readable)
+        room = RunRoom(self.held.room(), self.held.free_slots())
         ahead = [eta_ahead(message) for _, message in readable]
-        due = [item for item, later in zip(readable, ahead) if not later]
-        admissions, store_failed = gate.admit_or_hand_back(due)
+        out: list[tuple[bool, Admission | None]] = []
+        limited_at: list[int] = []
+        for (queue_name, message), later in zip(readable, ahead):
+            if later:
+                out.append((False, None))
+            elif gate is not None and gate.decides(message):
+                limited_at.append(len(out))
+                out.append((True, None))  # the gate's answer replaces it below
+            else:
+                out.append((gate is not None, None if room.take(queue_name) else Admission(BACK)))
+        if gate is None or not limited_at:
+            return out
+        admissions, store_failed = gate.admit_or_hand_back([readable[i] for i in limited_at], room)
         if store_failed:
             self._paused_until = monotonic() + STORE_PAUSE
-        decided = iter(admissions)
-        return [(False, None) if later else (True, next(decided)) for later in ahead]
+        for index, admission in zip(limited_at, admissions):
+            out[index] = (True, admission)
+        return out
+
+    def _give_back_unstarted(self, messages: list[Any]) -> None:
+        """Messages that could run but found no slot go back to the broker, ahead of what came after them.
+
+        They hold nothing (no slot, no lease, no rate turn) and burn no attempt.
+        Redis restores them to the head of their lists (kombu's requeue would
+        put them behind newer messages); RabbitMQ requeues a rejected message in
+        its place; kombu's virtual transports requeue it.
+        """
+        self.handed_back += len(messages)
+        if messages[0].channel.connection.client.transport.driver_type == "redis":
+            restore_in_front(messages)
+        else:
+            for message in messages:
+                message.reject(requeue=True)
 
     def _admit_readable(self, queue_name: str, message: Any, checked: bool, admission: Admission | None) -> bool:
         grant = None
-        if admission is not None:
+        if admission is not None:  # not RUN (parked, dropped, failed or BACK) holds no slot
             if not admission.runs:
                 return False
             grant = admission.grant

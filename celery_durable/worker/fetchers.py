@@ -187,6 +187,17 @@ class AmqpFetcher:
             yield message
 
 
+def gives_back_in_place(channel: Any) -> bool:
+    """Whether a message taken on ``channel`` and given back goes ahead of the ones sent after it.
+
+    Redis: restored to the head of its list (``compat.redis_claim.restore_in_front``); RabbitMQ: a
+    rejected message is requeued in its place. kombu's virtual transports (the SQLAlchemy broker)
+    put it back as a new message, behind the rest: a pass there takes no more than its room, or a
+    key's messages given back would run after its newer ones.
+    """
+    return channel.connection.client.transport.driver_type in ("redis", "amqp")
+
+
 def fetcher_for(channel: Any, accept: Any) -> Fetcher:
     """The fetcher for ``channel``'s transport; the channel's own reads get their poison guard."""
     guard_channel(channel, POISON_POLICY)

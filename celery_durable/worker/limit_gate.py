@@ -34,7 +34,7 @@ from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.metrics import jobs
 from celery_durable.metrics import limits as limit_metrics
 from celery_durable.planning.limit_declarations import KeyFunctionFailed, Scope, TaskLimits
-from celery_durable.planning.limits import DROP, FAIL, RUN, WAIT, Decision, LimitAsk
+from celery_durable.planning.limits import BACK, DROP, FAIL, RUN, WAIT, Decision, LimitAsk, RunRoom
 from celery_durable.store import limits as store
 from celery_durable.store.engine import autocommit, engine_for, ensure_schema, unavailable_as_error
 from celery_durable.store.notify import Waker
@@ -70,7 +70,8 @@ class Grant:
 
 @dataclass(frozen=True)
 class Admission:
-    """The gate's answer for one message: RUN (with its grant) or settled here (WAIT, DROP, FAIL)."""
+    """The gate's answer for one message: RUN (with its grant), settled here (WAIT, DROP, FAIL), or
+    BACK (it could run but the pass had no slot left: the claimer gives it back to the broker)."""
 
     verdict: str
     grant: Grant | None = None
@@ -108,7 +109,12 @@ class LimitGate:
         limit_metrics.watch(url, tuple(self.limits))
 
     # -- admission -----------------------------------------------------------------------
-    def admit_or_hand_back(self, items: list[tuple[str, Any]]) -> tuple[list[Admission | None], bool]:
+    def decides(self, message: Any) -> bool:
+        """Whether ``message``'s task declares a fleet limit (the store decides whether it runs)."""
+        return str((message.headers or {}).get("task")) in self.limits
+
+    def admit_or_hand_back(self, items: list[tuple[str, Any]],
+                           room: RunRoom | None = None) -> tuple[list[Admission | None], bool]:
         """:meth:`admit_batch`, and when the store cannot answer, every limited message back to the broker.
 
         Returns the admissions and whether the store failed (the caller pauses
@@ -116,7 +122,7 @@ class LimitGate:
         never run unchecked and never held waiting in memory for the store.
         """
         try:
-            return self.admit_batch(items), False
+            return self.admit_batch(items, room), False
         except Exception as err:  # noqa: BLE001 - the store did not answer: the broker keeps the messages
             logger.warning("durable.limit.store_unavailable error=%s: limited messages go back to the broker",
                            err, extra={"event": "durable.limit.store_unavailable"})
@@ -124,16 +130,20 @@ class LimitGate:
         for _, message in items:
             if message.acknowledged:
                 out.append(Admission(FAIL))  # settled before the store was asked (its key function failed)
-            elif str((message.headers or {}).get("task")) in self.limits:
+            elif self.decides(message):
                 message.reject(requeue=True)
                 out.append(Admission(WAIT))
             else:
                 out.append(None)
         return out, True
 
-    def admit_batch(self, items: list[tuple[str, Any]]) -> list[Admission | None]:
+    def admit_batch(self, items: list[tuple[str, Any]], room: RunRoom | None = None) -> list[Admission | None]:
         """For each (queue, message): None when its task declares no limit, else what the store decided,
-        already acted on (parked or dropped messages acked); one store transaction for all the limited ones."""
+        already acted on (parked or dropped messages acked); one store transaction for all the limited ones.
+
+        ``room``: the slots the runs may take (spent here); a message that could run when it is spent
+        is BACK, holding nothing: the caller gives it back to the broker. None: every run fits.
+        """
         out: list[Admission | None] = [None] * len(items)
         asks: list[tuple[int, LimitAsk, TaskLimits]] = []
         for index, (queue, message) in enumerate(items):
@@ -153,10 +163,10 @@ class LimitGate:
                 self._fail(limits.task, task_id, queue, message, err)
                 out[index] = Admission(FAIL)
                 continue
-            asks.append((index, LimitAsk(limits.task, task_id, scopes, limits.rate, when_busy), limits))
+            asks.append((index, LimitAsk(limits.task, task_id, scopes, limits.rate, when_busy, queue), limits))
         if not asks:
             return out
-        if self._took_at_once([ask for _, ask, _ in asks]):
+        if self._took_at_once([ask for _, ask, _ in asks], room):
             for index, ask, limits in asks:
                 out[index] = self._act(items[index][0], ask, limits, Decision(RUN))
             return out
@@ -164,14 +174,14 @@ class LimitGate:
         parked = [_parked(items[index][0], ask.task_id, items[index][1]) for index, ask, _ in asks]
         with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
             decisions, made_ready = store.take_batch(conn, [ask for _, ask, _ in asks], parked, holder=self.holder,
-                                                     ttl=self.lease_ttl, now=self._clock())
+                                                     ttl=self.lease_ttl, now=self._clock(), room=room)
         wake = made_ready > 0
         self._remember_busy([decision.busy for decision in decisions if decision.busy is not None])
         settled: list[Any] = []
         for (index, ask, limits), decision in zip(asks, decisions):
             queue, message = items[index]
             out[index] = self._act(queue, ask, limits, decision)
-            if decision.verdict != RUN:
+            if decision.verdict in (WAIT, DROP):
                 settled.append(message)
             wake = wake or decision.publish_at is not None
         # Parked or dropped: the store has them (or they are done with); the broker lets them go.
@@ -180,17 +190,23 @@ class LimitGate:
             self.wake_dispatcher()
         return out
 
-    def _took_at_once(self, asks: list[LimitAsk]) -> bool:
+    def _took_at_once(self, asks: list[LimitAsk], room: RunRoom | None) -> bool:
         """The common case in one round trip (PostgreSQL): runs whose scopes have room for them all
-        and no waiters take their leases, after the ended runs' leases went back in the same call.
-        False: nothing taken, the general transaction decides."""
+        and no waiters, and that all fit the pass's slots, take their leases, after the ended runs'
+        leases went back in the same call. False: nothing taken, the general transaction decides."""
         if (not self._fast_path or any(ask.rate is not None or not ask.scopes for ask in asks)
-                or len({ask.task_id for ask in asks}) != len(asks)):
+                or len({ask.task_id for ask in asks}) != len(asks)
+                or (room is not None and not room.fits([ask.queue for ask in asks]))):
             return False
         now = monotonic()
         if any(self._busy_until.get(scope, 0.0) > now for ask in asks for scope in ask.scopes):
             return False  # the general path gives the ended runs' leases back first (give_back_ended)
-        return self._exchange(asks)
+        if not self._exchange(asks):
+            return False
+        if room is not None:
+            for ask in asks:
+                room.take(ask.queue)
+        return True
 
     def _exchange(self, asks: list[LimitAsk]) -> bool:
         with self._lock:
@@ -241,6 +257,8 @@ class LimitGate:
                         ask.task, ask.task_id, decision.busy.key if decision.busy else "",
                         extra={"event": "durable.limit.dropped", "task_id": ask.task_id})
             return Admission(DROP)
+        if decision.verdict == BACK:
+            return Admission(BACK)
         self.waited += 1
         return Admission(WAIT)
 

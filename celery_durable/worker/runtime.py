@@ -317,6 +317,9 @@ class WorkerRuntime:
             "idle_wakes": self.claimer.idle_wakes if self.claimer is not None else 0,
             "idle_waiting_on": sorted(self.claimer.idle_waiting_on()) if self.claimer is not None else [],
             "claim_round_trips": self.claimer.round_trips if self.claimer is not None else 0,
+            # Messages a pass took beyond its slots (to park a busy key's flood at once) that could run:
+            # given back to the broker, ahead of what came after them.
+            "claims_handed_back": self.claimer.handed_back if self.claimer is not None else 0,
             # Fleet limits: the leases this worker holds (task -> key, "*" for durable_concurrency -> runs),
             # and the messages its gate parked to wait their turn or dropped as busy.
             "leases": self.gate.held() if self.gate is not None else {},

@@ -143,6 +143,25 @@ def test_qos_append_record_lets_message_ack_remove_both_records(redis_queue: Any
     assert q.client.zscore(q.channel.qos.unacked_index_key, tag) is None
 
 
+def test_restore_in_front_puts_claims_back_ahead_of_newer_messages_in_their_order(redis_queue: Any) -> None:
+    q = redis_queue()
+    for body in ("m1", "m2", "m3", "m4"):
+        q.publish(body)
+    items, _, _ = q.claim(3)
+    messages = [q.message(item) for item in items]
+    for message in messages:
+        redis_claim.record_unacked(q.channel, message)
+    q.publish("m5")  # sent while m1-m3 were claimed
+
+    redis_claim.restore_in_front(messages[1:])  # m2 and m3 could not start; m1 did
+    assert [m.acknowledged for m in messages] == [False, True, True]
+    messages[0].ack()
+
+    assert q.client.hlen(q.channel.qos.unacked_key) == 0 and q.client.zcard(q.channel.qos.unacked_index_key) == 0
+    again, _, _ = q.claim(10)
+    assert [q.message(item).decode() for item in again] == ["m2", "m3", "m4", "m5"]
+
+
 def test_qos_restore_visible_puts_an_expired_claim_back_on_its_queue(redis_queue: Any) -> None:
     q = redis_queue(visibility_timeout=0)
     q.publish("lost")

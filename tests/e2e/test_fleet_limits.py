@@ -186,6 +186,34 @@ def test_wait_runs_every_message_once_in_arrival_order_and_burns_no_attempt(dura
 
 
 @pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+def test_a_pass_parking_a_flood_gives_back_what_could_run_in_its_place(durable_scenario, broker_kind):
+    """Rule 3's batches: a pass that parks a busy key's flood takes more than its slots; the messages
+    of free keys it then has no slot for go back to the broker ahead of newer ones. Every message
+    runs once, each org's two messages in arrival order, and org A's in theirs."""
+    s, url = durable_scenario("postgresql", broker_kind)
+    worker = s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=2).wait_ready()
+    sent = {s.send_task("q", "limits.sync_plain", ["A", "a000", 1.0]): "a000"}  # holds org A's key a while
+    for i in range(1, 101):
+        sent[s.send_task("q", "limits.sync_plain", ["A", f"a{i:03}", 0.0])] = f"a{i:03}"
+    for i in range(20):
+        sent[s.send_task("q", "limits.sync_plain", [f"o{i}", f"o{i:02}-1", 0.05])] = f"o{i:02}-1"
+    for i in range(20):
+        sent[s.send_task("q", "limits.sync_plain", [f"o{i}", f"o{i:02}-2", 0.0])] = f"o{i:02}-2"
+
+    wait_for(lambda: len(s.ended()) == len(sent), timeout=90, what="every run to end", every=0.25)
+    starts = s.started()
+    assert sorted(e["id"] for e in starts) == sorted(sent), "each message runs exactly once"
+    order = {e["label"]: index for index, e in enumerate(starts)}
+    assert [e["label"] for e in starts if e["label"].startswith("a")] == [f"a{i:03}" for i in range(101)]
+    for i in range(20):
+        assert order[f"o{i:02}-1"] < order[f"o{i:02}-2"], f"org o{i}'s second message ran before its first"
+    stats = worker.durable_stats()
+    assert stats["limits_waited"] >= 100
+    # Only a pass that took more than its slots can have a message to give back.
+    assert stats["claims_handed_back"] > 0, f"no pass took more than its slots: {stats}"
+
+
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
 def test_drop_drops_only_while_the_key_is_busy(durable_scenario, broker_kind):
     s, url = durable_scenario("postgresql", broker_kind)
     worker = s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=4).wait_ready()

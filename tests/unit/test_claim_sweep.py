@@ -10,10 +10,13 @@ import pytest
 
 from celery_durable.errors import InvariantBroken
 from celery_durable.planning.claim_sweep import (
+    MAX_OVERDRAW,
     Ask,
     begin_sweep,
     capacity,
     next_ask,
+    overdraw_after,
+    overdrawn,
     record,
     rotate,
     skip_to,
@@ -350,3 +353,33 @@ def test_skip_to_refuses_a_queue_with_no_ask_left_in_the_pass():
     _, sweep = next_ask(sweep)
     with pytest.raises(InvariantBroken, match="'a' has no ask left"):
         skip_to(sweep, "a")
+
+
+# -- the overdraw: a pass whose messages waited takes more next time -------------------------------
+def test_the_overdraw_doubles_while_passes_park_and_ends_when_none_wait():
+    assert overdraw_after(went_to_wait=3, handed_back=0) == 6
+    assert overdraw_after(went_to_wait=6, handed_back=0) == 12
+    assert overdraw_after(went_to_wait=500, handed_back=0) == MAX_OVERDRAW
+    assert overdraw_after(went_to_wait=0, handed_back=0) == 0
+
+
+def test_messages_given_back_pull_the_overdraw_down_to_a_balance():
+    """Half the messages wait, half could run, room 4: the overdraw settles where a pass gives back
+    fewer than it parks (each given-back message costs a round trip for nothing)."""
+    extra, seen = 0, []
+    for _ in range(20):
+        taken = 4 + extra
+        waited, runnable = taken // 2, taken - taken // 2
+        given_back = max(runnable - 4, 0)
+        extra = overdraw_after(waited, given_back)
+        seen.append((extra, waited, given_back))
+    steady = seen[10:]
+    assert {extra for extra, _, _ in steady} <= {10, 11}, seen
+    assert all(given_back < waited for _, waited, given_back in steady), seen
+    assert overdraw_after(went_to_wait=2, handed_back=10) == 0
+
+
+def test_overdrawn_adds_to_queues_with_a_free_slot_only_and_never_to_a_full_worker():
+    assert overdrawn({"a": 2, "b": 0}, 3, 8) == ({"a": 10, "b": 0}, 11)
+    assert overdrawn({"a": 2}, 0, 8) == ({"a": 2}, 0)
+    assert overdrawn({"a": 2}, 3, 0) == ({"a": 2}, 3)

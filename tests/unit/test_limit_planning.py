@@ -16,10 +16,12 @@ from celery_durable.planning.limit_declarations import (
     parse_rate,
 )
 from celery_durable.planning.limits import (
+    BACK,
     DROP,
     RUN,
     WAIT,
     LimitAsk,
+    RunRoom,
     ScopeState,
     book_rate_turn,
     plan_batch,
@@ -209,6 +211,60 @@ def test_a_message_back_with_its_booked_turn_runs_without_booking_another():
     plan = plan_batch([_ask("r1", rate=rate)], {}, set(), {("t", "r1")}, {"t": T0 + timedelta(seconds=5)}, T0)
     assert plan.decisions[0].verdict == RUN and plan.decisions[0].holds_rate_turn
     assert plan.used_rate_bookings == [("t", "r1")] and plan.tats == {}
+
+
+# -- a pass that took more than its slots (the overdraw) ----------------------------------------
+def _on(queue: str, task_id: str, *scopes: Scope, rate: Rate | None = None) -> LimitAsk:
+    return LimitAsk("t", task_id, tuple(scopes), rate, WAIT, queue)
+
+
+def test_runs_past_the_pass_room_go_back_while_busy_keys_still_park():
+    a, b = Scope("t", "key", "org:a", 1), Scope("t", "key", "org:b", 1)
+    states = {a: ScopeState(live=1, held={"other"}), b: ScopeState(live=0)}
+    room = RunRoom(total=1, per_queue={"q": 1})
+    plan = plan_batch([_on("q", "a1", a), _on("q", "c1"), _on("q", "a2", a), _on("q", "b1", b)],
+                      states, set(), set(), {}, T0, room)
+    # c1 (no scope) takes the one slot; a's are parked whatever the room; b1 could run but has no slot.
+    assert [d.verdict for d in plan.decisions] == [WAIT, RUN, WAIT, BACK]
+    assert plan.leases == [] and states[b].live == 0 and room.total == 0
+
+
+def test_a_key_whose_first_message_goes_back_sends_its_later_ones_back_too():
+    """Arrival order per key: b1 went back holding nothing, so b2 (finding the same lease free) must
+    not run ahead of it."""
+    b = Scope("t", "key", "org:b", 2)
+    plan = plan_batch([_on("q", "b1", b), _on("q", "b2", b)], {b: ScopeState(live=0)}, set(), set(), {}, T0,
+                      RunRoom(total=0, per_queue={"q": 0}))
+    assert [d.verdict for d in plan.decisions] == [BACK, BACK]
+    assert plan.leases == [] and plan.parked == []
+
+
+def test_each_queue_spends_its_own_free_slots():
+    scope = Scope("t", "task", "", 10)
+    room = RunRoom(total=5, per_queue={"q1": 1, "q2": 5})
+    plan = plan_batch([_on("q1", "x1", scope), _on("q1", "x2", scope), _on("q2", "y1", scope)],
+                      {scope: ScopeState(live=0)}, set(), set(), {}, T0, room)
+    assert [d.verdict for d in plan.decisions] == [RUN, BACK, RUN]
+    assert room.per_queue == {"q1": 0, "q2": 4} and room.total == 3
+
+
+def test_a_run_sent_back_returns_the_rate_turn_it_booked_and_keeps_one_it_came_with():
+    rate = Rate(60, 60.0)
+    no_room = RunRoom(total=0, per_queue={"q": 0})
+    plan = plan_batch([_on("q", "new", rate=rate)], {}, set(), set(), {"t": None}, T0, no_room)
+    assert plan.decisions[0].verdict == BACK
+    assert plan.tats["t"] == T0 and plan.rate_bookings == []  # booked at T0 (TAT T0+1 s), given back
+    booked = {("t", "r1")}
+    plan = plan_batch([_on("q", "r1", rate=rate)], {}, set(), booked, {"t": T0 + timedelta(seconds=5)}, T0,
+                      RunRoom(total=0, per_queue={"q": 0}))
+    assert plan.decisions[0].verdict == BACK
+    assert plan.used_rate_bookings == [] and booked == {("t", "r1")}, "its booking stays for when it comes back"
+
+
+def test_run_room_fits_counts_each_queue():
+    room = RunRoom(total=3, per_queue={"a": 1, "b": 2})
+    assert room.fits(["a", "b", "b"]) and not room.fits(["a", "a"]) and not room.fits(["b"] * 4)
+    assert room.total == 3, "fits spends nothing"
 
 
 def test_a_key_named_by_the_message_replaces_the_functions_and_is_checked_the_same():

@@ -611,6 +611,7 @@ def test_stats_report_the_claim_state(connection, make_worker):
         "queue_slots": {a: 1, b: 8},
         "claim_passes": 1,
         "claim_round_trips": 3,  # one basic_get per message on the memory transport
+        "claims_handed_back": 0,
         "claimed_by_passes": 3,
         "claimed_by_idle_wait": 0,
         "idle_wakes": 0,
