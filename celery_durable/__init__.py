@@ -26,6 +26,7 @@ from celery_durable.tasks import runs
 from celery_durable.tasks.context import sleep, step
 from celery_durable.tasks.durable import DurableTask, durable_task
 from celery_durable.tasks.revocation import connect as _cancel_runs_on_revoke
+from celery_durable.tasks.sent_stamp import connect as _stamp_sent_messages
 from celery_durable.worker.boot import register as _register_pool
 from celery_durable.worker.cli_options import add_worker_options
 
@@ -67,12 +68,14 @@ def install(app: Any) -> Any:
     Registers ``-P durable`` (also usable as ``app.conf.worker_pool =
     "durable"``), adds ``app.durable_task``, adds the worker options
     (``--max-in-flight``, ``--queue-concurrency``, ``--drain-timeout``,
-    ``--metrics-port``) and makes a revoke of a durable task cancel its run
-    (any pool). Settings are read and validated when a worker boots; the
+    ``--metrics-port``), makes a revoke of a durable task cancel its run
+    (any pool) and stamps each task message sent with its send time (the
+    ``durable_sent_at`` header the queue gauges read). Settings are read and validated when a worker boots; the
     durable store is opened on a durable task's first run.
     """
     _register_pool()
     _cancel_runs_on_revoke()
+    _stamp_sent_messages()
     add_worker_options(app)
     if not isinstance(getattr(app, "durable_task", None), functools.partial):
         app.durable_task = functools.partial(durable_task, app)

@@ -220,7 +220,7 @@ def register_pass(client: Any) -> Any:
 _plain_clients: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def _unprefixed(client: Any) -> Any:
+def unprefixed(client: Any) -> Any:
     """A client that sends keys as given, on ``client``'s connection pool.
 
     With the transport option ``global_keyprefix`` kombu's client is a
@@ -253,7 +253,7 @@ def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked
     steps = [channel.priority(step) for step in channel.priority_steps]
     args = [repr(now), -1 if room is None else room, channel.sep, parked_suffix,
             json.dumps(steps), json.dumps(queues), json.dumps(free), prefix]
-    asks, parked_items = script(keys=keys, args=args, client=_unprefixed(client))
+    asks, parked_items = script(keys=keys, args=args, client=unprefixed(client))
     refresh_expiry = getattr(channel, "_maybe_update_queues_expire", None)
     taken = []
     for number, count, items, tags in asks:

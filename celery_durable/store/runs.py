@@ -261,6 +261,19 @@ def listed(conn: Connection, *, states: Sequence[str] = (), task: str | None = N
     return [Run(**row._mapping) for row in rows]
 
 
+def count_by_state(conn: Connection) -> dict[str, int]:
+    """Runs in the store per state."""
+    rows = conn.execute(sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state))
+    return {state: int(count) for state, count in rows}
+
+
+def dead_by_queue(conn: Connection) -> dict[str, int]:
+    """Dead runs per queue they were claimed from ("" for a run whose queue is not known)."""
+    rows = conn.execute(sa.select(runs.c.queue, sa.func.count()).where(runs.c.state == DEAD)
+                        .group_by(runs.c.queue))
+    return {queue or "": int(count) for queue, count in rows}
+
+
 def steps_of(conn: Connection, run_id: str) -> list[tuple[str, int, int, datetime]]:
     """A run's checkpoints in the order they were taken: (name, occurrence, result size in bytes, taken at)."""
     rows = conn.execute(sa.select(steps.c.name, steps.c.occurrence, sa.func.length(steps.c.result),

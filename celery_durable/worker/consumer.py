@@ -11,6 +11,7 @@ from celery.worker.consumer import Consumer
 from celery_durable.compat.consumer import ConsumerHooks, claiming_loop
 from celery_durable.compat.worker_state import shutdown_requested
 from celery_durable.config import DurableConfig
+from celery_durable.metrics import queues as queue_metrics
 from celery_durable.metrics import worker_gauges
 from celery_durable.planning.limit_declarations import TaskLimits
 from celery_durable.store.engine import resolve_url
@@ -68,6 +69,8 @@ class DurableConsumer(ConsumerHooks):
         signals.task_received.connect(self._on_task_received, sender=self, weak=False)
         signals.task_revoked.connect(self._on_task_revoked, weak=False)
         worker_gauges.register_worker(self.runtime, config)
+        self._queue_watch = queue_metrics.watch(self.app, lambda: list(self.app.amqp.queues.consume_from.values()),
+                                                resolve_url(config.database_url))
 
     @property
     def durable_capacity(self) -> int:
@@ -179,6 +182,7 @@ class DurableConsumer(ConsumerHooks):
             signals.task_received.disconnect(self._on_task_received, sender=self)
             signals.task_revoked.disconnect(self._on_task_revoked)
             worker_gauges.unregister_worker(self.runtime)
+            queue_metrics.unwatch(self._queue_watch)
             self.runtime.close_limits()
 
     def durable_stats(self) -> dict[str, Any]:

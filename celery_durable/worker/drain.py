@@ -7,10 +7,11 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from time import monotonic
+from time import monotonic, time
 from typing import Any
 
 from celery_durable.config import DurableConfig
+from celery_durable.planning.queue_age import SENT_AT_HEADER
 from celery_durable.worker.process_cap import HeldRun, HeldRuns
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ class Drain:
                 message.body,
                 exchange=delivery.get("exchange", ""),
                 routing_key=delivery.get("routing_key") or queue,
-                headers=message.headers,
+                headers={**(message.headers or {}), SENT_AT_HEADER: time()},  # ready again from now
                 content_type=message.content_type,
                 content_encoding=message.content_encoding,
                 serializer=None,

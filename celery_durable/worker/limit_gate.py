@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from time import monotonic
+from time import monotonic, time
 from typing import Any
 
 from kombu.utils import json as kombu_json
@@ -35,6 +35,7 @@ from celery_durable.metrics import jobs
 from celery_durable.metrics import limits as limit_metrics
 from celery_durable.planning.limit_declarations import KeyFunctionFailed, Scope, TaskLimits
 from celery_durable.planning.limits import BACK, DROP, FAIL, RUN, WAIT, Decision, LimitAsk, RunRoom
+from celery_durable.planning.queue_age import SENT_AT_HEADER
 from celery_durable.store import limits as store
 from celery_durable.store.engine import autocommit, engine_for, ensure_schema, unavailable_as_error
 from celery_durable.store.notify import Waker
@@ -450,9 +451,11 @@ class LimitDispatcher:
             with self.gate.app.producer_or_acquire() as producer:
                 for row in ready:
                     kept = row.message
+                    # Ready again from now: the queue gauges' age counts from this send, not the first.
+                    headers = {**kombu_json.loads(kept.headers), SENT_AT_HEADER: time()}
                     producer.publish(
                         kept.body, exchange=kept.exchange, routing_key=kept.routing_key,
-                        headers=kombu_json.loads(kept.headers), content_type=kept.content_type,
+                        headers=headers, content_type=kept.content_type,
                         content_encoding=kept.content_encoding, serializer=None, retry=True,
                         **kombu_json.loads(kept.properties),
                     )

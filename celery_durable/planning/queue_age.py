@@ -1,0 +1,25 @@
+"""Pure: the age of a queue's oldest ready message, from the send time each message carries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: The message header holding the Unix time a task message was sent (set on every send by an app with
+#: celery_durable installed, ``tasks/sent_stamp.py``): the queue gauges read the oldest ready age from it.
+SENT_AT_HEADER = "durable_sent_at"
+
+
+def oldest_age(heads: Iterable[Mapping[str, Any]], now: float) -> float | None:
+    """Seconds since the oldest of ``heads`` (the next message of each priority) was sent.
+
+    None when no head carries a stamp (sent by an app without celery_durable,
+    or a broker that does not show its head): an age not known is not 0.
+    """
+    stamps = []
+    for headers in heads:
+        try:
+            stamps.append(float(headers[SENT_AT_HEADER]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return max(0.0, now - min(stamps)) if stamps else None

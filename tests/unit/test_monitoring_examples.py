@@ -1,0 +1,62 @@
+"""The Grafana dashboard, the alert rules and the README's metric table name only metrics the package exports."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+# Every module that registers a metric on the package's registry.
+from celery_durable.metrics import beat, jobs, limits, outbox, queues, worker_gauges  # noqa: F401
+from celery_durable.metrics.registry import REGISTRY
+
+ROOT = Path(__file__).resolve().parents[2]
+MONITORING = ROOT / "examples" / "monitoring"
+METRIC = re.compile(r"\b(?:job_|jobs_|durable_)[a-z_]+\b")
+
+
+def exported() -> set[str]:
+    """The names a scrape of the package's registry can show (a counter as ``<name>_total``)."""
+    names = set()
+    for family in REGISTRY.collect():
+        names.add(f"{family.name}_total" if family.type == "counter" else family.name)
+    return names
+
+
+def named_in(expressions: list[str]) -> set[str]:
+    # Label names (durable_sent_at is a header, not a metric) never appear in these expressions.
+    return {name for expr in expressions for name in METRIC.findall(expr)}
+
+
+def test_every_metric_the_dashboard_queries_is_exported():
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    named = named_in(exprs)
+    assert named, "the dashboard queries no metric"
+    assert named <= exported(), f"not exported: {sorted(named - exported())}"
+    # What an operator looks at first: capacity, queues, dead runs, the outbox.
+    assert {"job_worker_in_flight", "job_worker_capacity", "job_queue_depth", "job_queue_oldest_ready_seconds",
+            "job_queue_dead_runs", "durable_outbox_backlog"} <= named
+
+
+def test_every_alert_rule_names_exported_metrics_and_the_four_asked_for_are_there():
+    rules = [rule for group in yaml.safe_load((MONITORING / "alerts.yml").read_text())["groups"]
+             for rule in group["rules"]]
+    for rule in rules:
+        named = named_in([rule["expr"]])
+        assert named and named <= exported(), f"{rule['alert']}: {sorted(named - exported())} not exported"
+        assert rule["annotations"]["summary"], rule["alert"]
+    by_metric = {name: rule["alert"] for rule in rules for name in named_in([rule["expr"]])}
+    for metric in ("job_queue_oldest_ready_seconds", "job_queue_dead_runs", "durable_outbox_oldest_age_seconds",
+                   "job_worker_capacity"):
+        assert metric in by_metric, f"no alert on {metric}"
+
+
+def test_the_readme_table_lists_every_exported_metric_and_nothing_else():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Every metric"):]
+    section = section[:section.index("\n## ")]
+    table = set(re.findall(r"^\| `([a-z_]+)` \|", section, re.M))
+    assert table == exported(), f"missing: {sorted(exported() - table)}, not exported: {sorted(table - exported())}"
