@@ -90,6 +90,9 @@ class DurableConfig:
     beat_max_catch_up: int = 100
     #: The beat's name in the store (one leader per name); None: the app's main module's name.
     beat_name: str | None = None
+    #: ``celery durable dashboard``: the token its requeue and cancel buttons ask for; None: the page is
+    #: read-only. Out of the repr, like the database URL.
+    dashboard_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_in_flight is not None:
@@ -137,6 +140,12 @@ class DurableConfig:
         if self.beat_name is not None and (not isinstance(self.beat_name, str) or not self.beat_name
                                            or len(self.beat_name) > 200):
             raise ConfigInvalid("durable_beat_name", f"must be a name of 1 to 200 characters, got {self.beat_name!r}")
+        if self.dashboard_token is not None and (not isinstance(self.dashboard_token, str)
+                                                 or len(self.dashboard_token.strip()) < 8
+                                                 or self.dashboard_token != self.dashboard_token.strip()):
+            # The value itself is never echoed: it is a secret, and a near miss of one still is.
+            raise ConfigInvalid("durable_dashboard_token", "must be a string of at least 8 characters with no "
+                                "spaces around it (or None for a read-only dashboard)")
 
     @property
     def metrics_ports(self) -> tuple[int, int] | None:

@@ -107,6 +107,12 @@ class RunNotDead(DurableError):
     code = "durable.run.not_dead"
 
 
+class RunSettled(DurableError):
+    """A run that has settled (succeeded, dead, cancelled) cannot be cancelled."""
+
+    code = "durable.run.settled"
+
+
 class OutboxInvalid(DurableError):
     """``outbox.enqueue`` was handed something a row cannot hold (a canvas, an option, a non-JSON argument)."""
 

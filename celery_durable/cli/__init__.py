@@ -2,12 +2,13 @@
 
 Importing this package registers ``-P durable`` (see ``group``) and every
 command on the group: the store's (``store``), the runs' (``runs``), the
-durable beat's schedule (``schedule``), the fleet on one screen (``status``).
+durable beat's schedule (``schedule``), the fleet on one screen (``status``) and one live page (``dashboard``).
 """
 
 from __future__ import annotations
 
-from celery_durable.cli import runs as _runs  # noqa: F401 - registers its commands
+from celery_durable.cli import dashboard as _dashboard  # noqa: F401 - registers its commands
+from celery_durable.cli import runs as _runs  # noqa: F401
 from celery_durable.cli import schedule as _schedule  # noqa: F401
 from celery_durable.cli import status as _status  # noqa: F401
 from celery_durable.cli import store as _store  # noqa: F401

@@ -164,17 +164,17 @@ def runs_requeue(ctx: click.Context, run_id: str | None, all_dead: bool, task: s
 @click.pass_context
 def runs_cancel(ctx: click.Context, run_id: str) -> None:
     """Settle a run cancelled in the store, and revoke it across the fleet (a running attempt is told)."""
-    from celery_durable.store import runs as store_runs
+    from celery_durable.errors import RunNotFound, RunSettled
+    from celery_durable.tasks import runs as run_actions
 
-    with _store(ctx, write=True) as (app, conn):
-        run = store_runs.get(conn, run_id)
-        if run is None:
-            raise RunRefused(f"no durable run has id {run_id!r}")
-        if run.settled:
-            raise RunRefused(f"run {run_id} is {run.state} already; a settled run cannot be cancelled")
-        store_runs.cancel(conn, run_id=run.id, task_name=run.task_name, queue=run.queue, args=run.args,
-                          kwargs=run.kwargs, reason="cancelled by an operator (celery durable runs cancel)")
-    app.control.revoke(run_id)
+    app = ctx.find_root().obj.app
+    store_url_of(app)  # a store URL that does not parse is named before anything is tried
+    try:
+        run_actions.cancel(run_id, app=app, reason="cancelled by an operator (celery durable runs cancel)")
+    except (RunNotFound, RunSettled) as err:
+        raise RunRefused(str(err)) from None
+    except DurableError as err:
+        raise click.ClickException(str(err).splitlines()[0]) from None
     click.echo(f"{run_id}: cancelled")
 
 

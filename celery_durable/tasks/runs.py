@@ -1,10 +1,11 @@
-"""Operator actions on durable runs: read one, requeue a dead (or stranded) one with its completed steps kept."""
+"""Operator actions on durable runs: read one, requeue a dead (or stranded) one with its completed steps kept,
+cancel one that has not settled."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from celery_durable.errors import RunNotDead, RunNotFound
+from celery_durable.errors import RunNotDead, RunNotFound, RunSettled
 from celery_durable.planning.checkpoints import from_json
 from celery_durable.store import runs as store_runs
 from celery_durable.store.engine import ensure_schema, store_url, unavailable_as_error
@@ -63,6 +64,27 @@ def requeue(run_id: str, *, app: Any = None) -> Run:
     _send(app, run)
     with unavailable_as_error(url), engine.connect() as conn:
         return store_runs.get(conn, run_id) or run
+
+
+def cancel(run_id: str, *, app: Any = None, reason: str = "cancelled by an operator") -> Run:
+    """Settle a run cancelled in the store, then revoke it across the fleet (a running attempt is told).
+
+    Raises RunNotFound for an unknown id and RunSettled for a run that has
+    settled (succeeded, dead, cancelled).
+    """
+    app = _app(app)
+    url = store_url(app)
+    engine = ensure_schema(url)
+    with unavailable_as_error(url), engine.begin() as conn:
+        run = store_runs.get(conn, run_id)
+        if run is None:
+            raise RunNotFound(f"no durable run has id {run_id!r}")
+        if run.settled:
+            raise RunSettled(f"run {run_id} is {run.state} already; a settled run cannot be cancelled")
+        store_runs.cancel(conn, run_id=run.id, task_name=run.task_name, queue=run.queue, args=run.args,
+                          kwargs=run.kwargs, reason=reason)
+    app.control.revoke(run_id)
+    return run
 
 
 def _send(app: Any, run: Run) -> None:

@@ -529,3 +529,15 @@ def test_the_beat_settings_default_to_a_ten_second_lease_and_a_hundred_catch_up_
     config = from_celery_conf({})
     assert (config.beat_lease_ttl, config.beat_max_catch_up, config.beat_name) == (10.0, 100, None)
 
+
+
+@pytest.mark.parametrize("token", ["short", 12345678, "  padded-token  ", ""])
+def test_a_dashboard_token_that_is_no_secret_is_refused_without_echoing_it(token):
+    with pytest.raises(ConfigInvalid, match="durable_dashboard_token") as refused:
+        from_celery_conf({"durable_dashboard_token": token})
+    assert str(token).strip() not in str(refused.value) or not str(token).strip()
+
+
+def test_a_dashboard_token_is_kept_and_left_out_of_the_repr():
+    config = from_celery_conf({"durable_dashboard_token": "a-long-enough-token"})
+    assert config.dashboard_token == "a-long-enough-token" and "a-long-enough-token" not in repr(config)

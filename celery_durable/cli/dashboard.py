@@ -1,0 +1,197 @@
+"""``celery durable dashboard``: the fleet on one live page, served from the data ``status`` reads.
+
+One process: a sampler thread takes a snapshot (``cli/status.py``) every
+``--interval`` seconds and keeps the last ``--window`` of them
+(``cli/dashboard_history.py``); a small HTTP server (the standard library's)
+serves the page (``dashboard.html``, no build step: it draws its own charts)
+and ``/api/state``, which the page polls. Read-only unless
+``durable_dashboard_token`` is set: then ``POST /api/runs/<id>/requeue`` and
+``/cancel`` act, for a request that carries the token in ``X-Durable-Token``.
+Binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from time import time
+from typing import Any
+from urllib.parse import unquote
+
+import click
+from celery.bin.base import CeleryCommand
+
+from celery_durable.cli.dashboard_history import History
+from celery_durable.cli.group import durable, store_url_of
+from celery_durable.cli.status import fleet_snapshot
+from celery_durable.errors import ConfigInvalid, DurableError
+
+logger = logging.getLogger(__name__)
+
+#: Dead runs the page lists (most recently updated first).
+DEAD_RUNS_SHOWN = 50
+
+
+class Dashboard:
+    """The sampled state and the actions the page may ask for."""
+
+    def __init__(self, app: Any, url: str, token: str | None, *, interval: float, window: float) -> None:
+        self.app = app
+        self.url = url
+        self.token = token
+        self.interval = interval
+        self.history = History(window)
+        self._state: dict[str, Any] = {"latest": None, "dead_runs": [], "history": self.history.series()}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    # -- sampling -------------------------------------------------------------------------
+    def sample(self) -> None:
+        snapshot = fleet_snapshot(self.app, self.url, timeout=min(1.0, self.interval / 2))
+        dead_runs: list[dict[str, Any]] = []
+        try:
+            dead_runs = self._dead_runs()
+        except Exception as err:  # noqa: BLE001 - shown on the page with the rest of what could not be read
+            snapshot.problems.append(f"dead runs could not be read: {str(err).splitlines()[0]}")
+        now = time()
+        with self._lock:
+            self.history.add(now, snapshot)
+            self._state = {"latest": snapshot.as_json(), "dead_runs": dead_runs, "history": self.history.series(),
+                           "sampled_at": now}
+
+    def _dead_runs(self) -> list[dict[str, Any]]:
+        from celery_durable.store import runs as store_runs
+        from celery_durable.store.engine import ensure_schema, unavailable_as_error
+        from celery_durable.store.schema import DEAD
+
+        with unavailable_as_error(self.url), ensure_schema(self.url).connect() as conn:
+            found = store_runs.listed(conn, states=[DEAD], limit=DEAD_RUNS_SHOWN)
+        return [{"id": run.id, "task": run.task_name, "queue": run.queue, "attempts": run.attempts,
+                 "updated_at": run.updated_at.isoformat(), "last_error": run.last_error} for run in found]
+
+    def run_sampler(self) -> None:
+        """Sample every ``interval`` until stopped (the first sample is taken before the server starts)."""
+        while not self._stopping.wait(self.interval):
+            try:
+                self.sample()
+            except Exception:  # noqa: BLE001 - the next round tries again; the page shows the last state
+                logger.warning("durable.dashboard.sample_failed", exc_info=True)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            return {**self._state, "read_only": self.token is None}
+
+    # -- actions --------------------------------------------------------------------------
+    def allows(self, given: str | None) -> bool:
+        return self.token is not None and given is not None and hmac.compare_digest(given, self.token)
+
+    def act(self, verb: str, run_id: str) -> str:
+        """Requeue or cancel ``run_id``; the line the page shows. Raises DurableError when refused."""
+        from celery_durable.tasks import runs as run_actions
+
+        if verb == "requeue":
+            run_actions.requeue(run_id, app=self.app)
+            return f"{run_id}: requeued"
+        run_actions.cancel(run_id, app=self.app, reason="cancelled by an operator (celery durable dashboard)")
+        return f"{run_id}: cancelled"
+
+
+def _handler(dashboard: Dashboard, page: bytes) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+            if self.path in ("/", "/index.html"):
+                self._send(HTTPStatus.OK, page, "text/html; charset=utf-8")
+            elif self.path == "/api/state":
+                self._json(HTTPStatus.OK, dashboard.state())
+            else:
+                self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {self.path}"})
+
+        def do_POST(self) -> None:  # noqa: N802 - the standard library's name
+            from celery_durable.errors import RunNotDead, RunNotFound, RunSettled
+
+            parts = self.path.strip("/").split("/")
+            if len(parts) != 4 or parts[:2] != ["api", "runs"] or parts[3] not in ("requeue", "cancel"):
+                self._json(HTTPStatus.NOT_FOUND, {"error": f"no such action: {self.path}"})
+                return
+            if dashboard.token is None:
+                self._json(HTTPStatus.FORBIDDEN, {"error": "read-only: set durable_dashboard_token to allow actions"})
+                return
+            if not dashboard.allows(self.headers.get("X-Durable-Token")):
+                self._json(HTTPStatus.FORBIDDEN, {"error": "the token is missing or wrong"})
+                return
+            run_id, verb = unquote(parts[2]), parts[3]
+            try:
+                done = dashboard.act(verb, run_id)
+            except (RunNotFound, RunNotDead, RunSettled) as err:
+                self._json(HTTPStatus.CONFLICT, {"error": str(err)})
+                return
+            except DurableError as err:
+                self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(err).splitlines()[0]})
+                return
+            logger.info("durable.dashboard.%s run=%s", verb, run_id)
+            self._json(HTTPStatus.OK, {"done": done})
+
+        def _json(self, status: HTTPStatus, body: dict[str, Any]) -> None:
+            self._send(status, json.dumps(body).encode(), "application/json")
+
+        def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the standard library's name
+            logger.debug("durable.dashboard.request " + format, *args)
+
+    return Handler
+
+
+def dashboard_token(app: Any) -> str | None:
+    """``durable_dashboard_token``, validated as a worker would; one line naming it when it is not valid."""
+    from celery_durable.config import DurableConfig
+
+    try:
+        return DurableConfig(dashboard_token=app.conf.get("durable_dashboard_token")).dashboard_token
+    except ConfigInvalid as err:
+        raise click.ClickException(str(err)) from None
+
+
+@durable.command(cls=CeleryCommand, name="dashboard")
+@click.option("--port", default=5577, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--host", default="127.0.0.1", show_default=True, help="the address to listen on")
+@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.2),
+              help="seconds between samples")
+@click.option("--window", default=600.0, show_default=True, type=click.FloatRange(min=10),
+              help="seconds of history the charts show")
+@click.pass_context
+def dashboard(ctx: click.Context, port: int, host: str, interval: float, window: float) -> None:
+    """A live page: workers, queues, runs, dead runs (requeue and cancel with durable_dashboard_token)."""
+    app = ctx.find_root().obj.app
+    board = Dashboard(app, store_url_of(app), dashboard_token(app), interval=interval, window=window)
+    page = resources.files("celery_durable.cli").joinpath("dashboard.html").read_bytes()
+    try:
+        server = ThreadingHTTPServer((host, port), _handler(board, page))
+    except OSError as err:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    server.daemon_threads = True
+    board.sample()  # the first page load has data
+    threading.Thread(target=board.run_sampler, name="durable-dashboard-sampler", daemon=True).start()
+    mode = "read-only" if board.token is None else "requeue and cancel need the token"
+    click.echo(f"durable dashboard on http://{host}:{port}/ ({mode})", err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        board.stop()
+        server.server_close()

@@ -1,0 +1,188 @@
+"""``celery durable dashboard`` in a real headless Chromium, beside a real worker, broker and store.
+
+The browser is Debian's ``chromium`` driven through ``chromedriver`` (``.ci/run`` installs both).
+``DASHBOARD_SCREENSHOT=path`` saves the page as the test sees it (how docs/dashboard.png is made).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import celery_durable
+from tests.e2e.durable_support import APP, conf, durable_scenario, free_port, run_state  # noqa: F401 - a fixture
+from tests.e2e.harness import REPO, Scenario, wait_for
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+TOKEN = "e2e-dashboard-token"
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        if os.environ.get("CI") == "true":
+            pytest.fail("Chromium and ChromeDriver are missing (.ci/run installs Debian's chromium, chromium-driver)")
+        pytest.skip("no Chromium here: apt-get install chromium chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1100"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def start_dashboard(s: Scenario, url: str, port: int, token: str | None) -> subprocess.Popen[bytes]:
+    settings = conf(url, **({"durable_dashboard_token": token} if token else {}))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "E2E_BROKER": s.broker_url, "E2E_QUEUES": ",".join(s.queues),
+           "E2E_CONF": json.dumps(settings), "E2E_KEY": s.key}
+    log = open(os.path.join(os.environ.get("E2E_LOG_DIR", "/tmp"), f"dashboard-{port}.log"), "wb")  # noqa: SIM115
+    process = subprocess.Popen([sys.executable, "-m", "celery", "-A", APP, "durable", "dashboard", "--port", str(port),
+                                "--interval", "0.5"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def answers() -> bool:
+        assert process.poll() is None, f"the dashboard exited with {process.returncode}"
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/state", timeout=1).read()
+            return True
+        except (urllib.error.URLError, ConnectionError):
+            return False
+
+    wait_for(answers, timeout=30, what="the dashboard to answer", every=0.1)
+    return process
+
+
+def post(port: int, path: str, token: str | None) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST",
+                                     headers={"X-Durable-Token": token} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def on_page(browser: Any, selector: str, read: Any) -> Any:
+    """``read(element)`` of the element ``selector`` finds now, None when there is none. The page redraws
+    its tables and charts every two seconds: an element found before a redraw is gone after it, so each
+    read finds the element again, and a read that lost that race counts as not yet."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        found = browser.find_elements(By.CSS_SELECTOR, selector)
+        return read(found[0]) if found else None
+    except StaleElementReferenceException:
+        return None
+
+
+def click(browser: Any, selector: str) -> None:
+    wait_for(lambda: on_page(browser, selector, lambda e: e.click() or True), timeout=10, what=f"a click on {selector}")
+
+
+def test_the_page_shows_the_fleet_live_and_requeues_a_dead_run_with_the_token(durable_scenario, browser):
+    from selenium.webdriver.common.by import By
+
+    s, url = durable_scenario("postgresql", "redis")
+    celery_durable.install(s.producer)
+    worker = s.worker(app=APP, conf=conf(url), concurrency=2).wait_ready()
+    doomed = s.send_task("q", "durable.doomed", ["doomed"])
+    wait_for(lambda: run_state(url, doomed) == "dead", timeout=30, what="the doomed run to die")
+    port = free_port()
+    dashboard = start_dashboard(s, url, port, TOKEN)
+    try:
+        steps = 30 if os.environ.get("DASHBOARD_SCREENSHOT") else 16  # the picture wants a longer history
+        for i in range(2):
+            s.send_task("q", "durable.long_steps", [f"hold{i}", steps, 0.5])  # both slots, for about 8 s
+        for i in range(3):
+            s.send_task("q", "durable.quick", [f"wait{i}"])
+        browser.get(f"http://127.0.0.1:{port}/")
+
+        in_flight = f'polyline[data-series="in_flight:{worker.hostname}"]'
+
+        def in_flight_drawn() -> bool:
+            return bool(on_page(browser, in_flight, lambda e: float(e.get_attribute("data-last") or 0) > 0))
+
+        wait_for(in_flight_drawn, timeout=20, what="the chart to draw a non-zero in-flight series", every=0.2)
+        wait_for(lambda: on_page(browser, in_flight, lambda e: len(e.get_attribute("points").split()) >= 2),
+                 timeout=10, what="an in-flight series over time, not one point")
+        q = s.by_name["q"]
+        wait_for(lambda: on_page(browser, f'polyline[data-series="depth:{q}"]', lambda e: True), timeout=10,
+                 what="the queue depth chart")
+        dead_row = f'#dead tr[data-run-id="{doomed}"]'
+        wait_for(lambda: on_page(browser, dead_row, lambda e: "carrier rejected the parcel" in e.text), timeout=10,
+                 what="the dead run with its error")
+        if os.environ.get("DASHBOARD_SCREENSHOT"):
+            # A few seconds of history, so the picture shows lines over time.
+            wait_for(lambda: len(json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/state", timeout=5)
+                                            .read())["history"]["t"]) >= 12, timeout=20, what="6 s of history")
+            browser.save_screenshot(os.environ["DASHBOARD_SCREENSHOT"])
+
+        # Without the token the button is refused; with it the run is requeued, runs and leaves the list.
+        s.observer.set(f"{s.key}:carrier-fixed", "1")
+        requeue = f'#dead button[data-action="requeue"][data-run-id="{doomed}"]'
+        click(browser, requeue)
+        wait_for(lambda: browser.find_element(By.ID, "notice").get_attribute("data-status") == "403", timeout=10,
+                 what="a refusal without the token")
+        assert run_state(url, doomed) == "dead"
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        click(browser, requeue)
+        wait_for(lambda: browser.find_element(By.ID, "notice").text == f"{doomed}: requeued", timeout=10,
+                 what="the requeue to be confirmed")
+        wait_for(lambda: run_state(url, doomed) == "succeeded", timeout=30, what="the requeued run to succeed")
+        wait_for(lambda: not browser.find_elements(By.CSS_SELECTOR, dead_row), timeout=10,
+                 what="the run to leave the dead list")
+    finally:
+        dashboard.kill()
+        dashboard.wait(timeout=10)
+
+
+def test_without_a_token_the_dashboard_is_read_only(durable_scenario):
+    s, url = durable_scenario("sqlite", "redis")
+    port = free_port()
+    dashboard = start_dashboard(s, url, port, None)
+    try:
+        state = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/state", timeout=5).read())
+        assert state["read_only"] is True and state["latest"]["problems"] == []
+        status, body = post(port, "/api/runs/any/requeue", "whatever")
+        assert status == 403 and "read-only" in body["error"]
+    finally:
+        dashboard.kill()
+        dashboard.wait(timeout=10)
+
+
+def test_a_wrong_token_or_an_unknown_run_is_refused_by_name(durable_scenario):
+    s, url = durable_scenario("sqlite", "redis")
+    port = free_port()
+    dashboard = start_dashboard(s, url, port, TOKEN)
+    try:
+        assert post(port, "/api/runs/any/requeue", "wrong-token")[0] == 403
+        assert post(port, "/api/runs/any/requeue", None)[0] == 403
+        status, body = post(port, "/api/runs/nope/cancel", TOKEN)
+        assert status == 409 and body["error"] == "no durable run has id 'nope'"
+    finally:
+        dashboard.kill()
+        dashboard.wait(timeout=10)
+
+
+def test_a_token_too_short_refuses_to_start_naming_the_setting(durable_scenario):
+    s, url = durable_scenario("sqlite", "redis")
+    settings = conf(url, durable_dashboard_token="short")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "E2E_BROKER": s.broker_url, "E2E_QUEUES": ",".join(s.queues),
+           "E2E_CONF": json.dumps(settings), "E2E_KEY": s.key}
+    done = subprocess.run([sys.executable, "-m", "celery", "-A", APP, "durable", "dashboard", "--port",
+                           str(free_port())], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "durable_dashboard_token" in done.stderr and "short" not in done.stderr
+    assert "Traceback" not in done.stderr
