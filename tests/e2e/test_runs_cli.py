@@ -82,8 +82,9 @@ def test_list_show_cancel_and_purge_on_a_real_store(durable_scenario, store_kind
         assert store_runs.steps_of(conn, "ok-old") == [], "a purged run's steps go with it"
 
 
-def test_requeue_sends_a_dead_run_again_and_a_worker_runs_it(durable_scenario):
-    s, url = durable_scenario("postgresql", "redis")
+@pytest.mark.parametrize("store_kind", ["postgresql", "sqlite"])
+def test_requeue_sends_a_dead_run_again_and_a_worker_runs_it(durable_scenario, store_kind):
+    s, url = durable_scenario(store_kind, "redis")
     _seed(url, "dead-1", DEAD, task="durable.three_steps")
     _seed(url, "dead-2", DEAD, task="durable.three_steps")
     _seed(url, "done", SUCCEEDED)
