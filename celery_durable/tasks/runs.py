@@ -20,15 +20,17 @@ def _app(app: Any) -> Any:
     return app
 
 
-def get(run_id: str, *, app: Any = None) -> Run:
-    app = _app(app)
-    url = store_url(app)
-    engine = ensure_schema(url)
-    with unavailable_as_error(url), engine.connect() as conn:
-        run = store_runs.get(conn, run_id)
+def _found(conn: Any, run_id: str) -> Run:
+    run = store_runs.get(conn, run_id)
     if run is None:
         raise RunNotFound(f"no durable run has id {run_id!r}")
     return run
+
+
+def get(run_id: str, *, app: Any = None) -> Run:
+    url = store_url(_app(app))
+    with unavailable_as_error(url), ensure_schema(url).connect() as conn:
+        return _found(conn, run_id)
 
 
 def requeue(run_id: str, *, app: Any = None) -> Run:
@@ -51,9 +53,7 @@ def requeue(run_id: str, *, app: Any = None) -> Run:
     engine = ensure_schema(url)
     eager = bool(app.conf.task_always_eager)
     with unavailable_as_error(url), engine.begin() as conn:
-        run = store_runs.get(conn, run_id)
-        if run is None:
-            raise RunNotFound(f"no durable run has id {run_id!r}")
+        run = _found(conn, run_id)
         if not store_runs.reopen(conn, run_id, store_runs.now()):
             held = " under a live lease" if run.lease_live(store_runs.now()) else ""
             raise RunNotDead(f"run {run_id} is {run.state}{held}; only a dead run, or one left running "
@@ -74,11 +74,8 @@ def cancel(run_id: str, *, app: Any = None, reason: str = "cancelled by an opera
     """
     app = _app(app)
     url = store_url(app)
-    engine = ensure_schema(url)
-    with unavailable_as_error(url), engine.begin() as conn:
-        run = store_runs.get(conn, run_id)
-        if run is None:
-            raise RunNotFound(f"no durable run has id {run_id!r}")
+    with unavailable_as_error(url), ensure_schema(url).begin() as conn:
+        run = _found(conn, run_id)
         if run.settled:
             raise RunSettled(f"run {run_id} is {run.state} already; a settled run cannot be cancelled")
         store_runs.cancel(conn, run_id=run.id, task_name=run.task_name, queue=run.queue, args=run.args,

@@ -14,6 +14,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -44,13 +45,20 @@ def browser() -> Iterator[Any]:
     driver.quit()
 
 
-def start_dashboard(s: Scenario, url: str, port: int, token: str | None) -> subprocess.Popen[bytes]:
+def _env(s: Scenario, url: str, token: str | None) -> dict[str, str]:
     settings = conf(url, **({"durable_dashboard_token": token} if token else {}))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "E2E_BROKER": s.broker_url, "E2E_QUEUES": ",".join(s.queues),
-           "E2E_CONF": json.dumps(settings), "E2E_KEY": s.key}
+    return {**os.environ, "PYTHONPATH": str(REPO), "E2E_BROKER": s.broker_url, "E2E_QUEUES": ",".join(s.queues),
+            "E2E_CONF": json.dumps(settings), "E2E_KEY": s.key}
+
+
+@contextmanager
+def running_dashboard(s: Scenario, url: str, token: str | None) -> Iterator[int]:
+    """``celery durable dashboard`` on a free port, sampling every half second; yields the port."""
+    port = free_port()
     log = open(os.path.join(os.environ.get("E2E_LOG_DIR", "/tmp"), f"dashboard-{port}.log"), "wb")  # noqa: SIM115
     process = subprocess.Popen([sys.executable, "-m", "celery", "-A", APP, "durable", "dashboard", "--port", str(port),
-                                "--interval", "0.5"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+                                "--interval", "0.5"], cwd=REPO, env=_env(s, url, token), stdout=log,
+                               stderr=subprocess.STDOUT)
 
     def answers() -> bool:
         assert process.poll() is None, f"the dashboard exited with {process.returncode}"
@@ -60,8 +68,13 @@ def start_dashboard(s: Scenario, url: str, port: int, token: str | None) -> subp
         except (urllib.error.URLError, ConnectionError):
             return False
 
-    wait_for(answers, timeout=30, what="the dashboard to answer", every=0.1)
-    return process
+    try:
+        wait_for(answers, timeout=30, what="the dashboard to answer", every=0.1)
+        yield port
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        log.close()
 
 
 def post(port: int, path: str, token: str | None) -> tuple[int, dict[str, Any]]:
@@ -100,9 +113,7 @@ def test_the_page_shows_the_fleet_live_and_requeues_a_dead_run_with_the_token(du
     worker = s.worker(app=APP, conf=conf(url), concurrency=2).wait_ready()
     doomed = s.send_task("q", "durable.doomed", ["doomed"])
     wait_for(lambda: run_state(url, doomed) == "dead", timeout=30, what="the doomed run to die")
-    port = free_port()
-    dashboard = start_dashboard(s, url, port, TOKEN)
-    try:
+    with running_dashboard(s, url, TOKEN) as port:
         steps = 30 if os.environ.get("DASHBOARD_SCREENSHOT") else 16  # the picture wants a longer history
         for i in range(2):
             s.send_task("q", "durable.long_steps", [f"hold{i}", steps, 0.5])  # both slots, for about 8 s
@@ -144,45 +155,30 @@ def test_the_page_shows_the_fleet_live_and_requeues_a_dead_run_with_the_token(du
         wait_for(lambda: run_state(url, doomed) == "succeeded", timeout=30, what="the requeued run to succeed")
         wait_for(lambda: not browser.find_elements(By.CSS_SELECTOR, dead_row), timeout=10,
                  what="the run to leave the dead list")
-    finally:
-        dashboard.kill()
-        dashboard.wait(timeout=10)
 
 
 def test_without_a_token_the_dashboard_is_read_only(durable_scenario):
     s, url = durable_scenario("sqlite", "redis")
-    port = free_port()
-    dashboard = start_dashboard(s, url, port, None)
-    try:
+    with running_dashboard(s, url, None) as port:
         state = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/state", timeout=5).read())
         assert state["read_only"] is True and state["latest"]["problems"] == []
         status, body = post(port, "/api/runs/any/requeue", "whatever")
         assert status == 403 and "read-only" in body["error"]
-    finally:
-        dashboard.kill()
-        dashboard.wait(timeout=10)
 
 
 def test_a_wrong_token_or_an_unknown_run_is_refused_by_name(durable_scenario):
     s, url = durable_scenario("sqlite", "redis")
-    port = free_port()
-    dashboard = start_dashboard(s, url, port, TOKEN)
-    try:
+    with running_dashboard(s, url, TOKEN) as port:
         assert post(port, "/api/runs/any/requeue", "wrong-token")[0] == 403
         assert post(port, "/api/runs/any/requeue", None)[0] == 403
         status, body = post(port, "/api/runs/nope/cancel", TOKEN)
         assert status == 409 and body["error"] == "no durable run has id 'nope'"
-    finally:
-        dashboard.kill()
-        dashboard.wait(timeout=10)
 
 
 def test_a_token_too_short_refuses_to_start_naming_the_setting(durable_scenario):
     s, url = durable_scenario("sqlite", "redis")
-    settings = conf(url, durable_dashboard_token="short")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "E2E_BROKER": s.broker_url, "E2E_QUEUES": ",".join(s.queues),
-           "E2E_CONF": json.dumps(settings), "E2E_KEY": s.key}
     done = subprocess.run([sys.executable, "-m", "celery", "-A", APP, "durable", "dashboard", "--port",
-                           str(free_port())], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+                           str(free_port())], cwd=REPO, env=_env(s, url, "short"), capture_output=True, text=True,
+                          timeout=60)
     assert done.returncode == 1 and "durable_dashboard_token" in done.stderr and "short" not in done.stderr
     assert "Traceback" not in done.stderr
