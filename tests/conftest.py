@@ -8,6 +8,12 @@ from tests.faultproxy import FaultProxy
 from tests.services import broker_url
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` (15 s or more each) go first: under ``--dist worksteal`` (pyproject.toml) the
+    short ones fill in around them, instead of one process running a minute-long test alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(params=["redis", "rabbitmq"])
 def broker(request: pytest.FixtureRequest) -> tuple[str, str]:
     """(kind, url) of each real broker; the test runs once per broker."""

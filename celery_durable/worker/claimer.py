@@ -235,7 +235,10 @@ class Claimer:
                 went_to_wait += taken - admitted - back
                 handed_back += back
         if self._may_overdraw:
-            self._overdraw = overdraw_after(went_to_wait, handed_back)
+            # Messages the store could not decide went back to the broker, not to wait: a pass paused
+            # for the store takes no more than its room when it resumes (a larger one would only churn).
+            store_down = monotonic() < self._paused_until
+            self._overdraw = 0 if store_down else overdraw_after(went_to_wait, handed_back)
         if went_to_wait and not handed_back:
             # Messages parked (or gone to wait for a limit, or dropped) took room in this pass
             # without holding a slot; another pass fills it. Recording only the ones admitted would
@@ -364,6 +367,10 @@ class Claimer:
         if store_failed:
             self._paused_until = monotonic() + STORE_PAUSE
         for index, admission in zip(limited_at, admissions):
+            if admission is None and not room.take(readable[index][0]):
+                # The gate could not read its arguments (Celery's strategy will park it): it would still
+                # take a slot on its way there, and there is none left.
+                admission = Admission(BACK)
             out[index] = (True, admission)
         return out
 

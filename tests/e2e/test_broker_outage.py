@@ -10,6 +10,7 @@ from tests.e2e.durable_support import APP, conf, durable_scenario, run_state  # 
 from tests.e2e.harness import wait_for
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("execution", ["threads", "prefork"])
 @pytest.mark.parametrize("broker_kind", ["rabbitmq", "redis"])
 def test_a_worker_cut_off_from_its_broker_mid_run_claims_again_once_it_is_back(durable_scenario, fault_proxy,

@@ -62,6 +62,7 @@ def _beat_conf(url: str, **extra: Any) -> dict[str, Any]:
     return conf(url, **{"durable_beat_lease_ttl": TTL, **extra})
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
 def test_three_replicas_send_every_tick_once_through_two_kills_and_a_sigterm(durable_scenario, broker_kind):
     """An entry every second for a minute; the leader SIGKILLed twice and SIGTERMed once (a fresh
@@ -103,6 +104,7 @@ def test_three_replicas_send_every_tick_once_through_two_kills_and_a_sigterm(dur
     assert max(gaps) <= TTL + 1.0, f"largest gap between sends {max(gaps):.2f} s"
 
 
+@pytest.mark.long
 def test_a_stale_leader_resumed_after_its_lease_moved_sends_nothing(durable_scenario):
     """The leader is stopped (SIGSTOP) past its TTL; a standby takes over; the old leader, resumed, finds
     the lease gone and sends nothing more. Every tick is still sent once."""
@@ -144,6 +146,7 @@ def _caught_up(replica: BeatProcess) -> dict[str, tuple[datetime, datetime]]:
     return spans
 
 
+@pytest.mark.long
 def test_each_catch_up_policy_sends_what_it_promises_after_a_30_second_outage(durable_scenario):
     """Four entries every second, one per policy; every replica stopped for 30 s, then one started on a
     fresh process: "none" sends nothing it missed, "skip" only the latest missed tick, "run_once" one
@@ -213,6 +216,7 @@ def _schedule_command(s: Scenario, url: str, entries: dict[str, Any], *args: str
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.long
 def test_an_operator_lists_pauses_resumes_and_triggers_entries_of_a_running_beat(durable_scenario):
     s, url = durable_scenario("postgresql", "redis")
     s.worker(conf=conf(url), queues=["q"], concurrency=4, app=APP).wait_ready()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -20,8 +21,10 @@ from celery_durable.outbox.publishing import amqp_confirms, redis_pipeline
 from celery_durable.outbox.publishing.batch import publish_batch, publish_one_by_one
 from celery_durable.outbox.publishing.outcome import BatchPublished
 from celery_durable.outbox.relay import Relay
+from celery_durable.planning.queue_age import SENT_AT_HEADER
 from celery_durable.store import outbox as store
 from celery_durable.store.outbox import OutboxRow
+from celery_durable.tasks.sent_stamp import connect as stamp_sent_messages
 from tests.faultproxy import FaultProxy
 from tests.services import broker_url
 
@@ -90,6 +93,8 @@ def test_redis_fast_path_stores_each_message_as_kombu_would(
                       "shadow": "publish.alias"}),
     ]
     rows = enqueue_and_claim(app, user_engine, specs)
+    stamp_sent_messages()  # as install(app) does: both paths stamp each message's send time
+    sent_from = time.time()
     with app.producer_or_acquire() as producer:
         assert redis_pipeline.handles(producer.connection.transport, producer)
         per_message = publish_one_by_one(app, producer, rows, fixed_now)
@@ -97,6 +102,7 @@ def test_redis_fast_path_stores_each_message_as_kombu_would(
     with app.producer_or_acquire() as producer:
         batched = publish_batch(app, producer, rows, fixed_now)
     by_batch = stored_messages(redis_client, queue)
+    sent_until = time.time()
 
     assert per_message == BatchPublished(sent=5, one_by_one=5)
     assert batched == BatchPublished(sent=5, batched=5)
@@ -106,6 +112,9 @@ def test_redis_fast_path_stores_each_message_as_kombu_would(
         # The delivery tag is a fresh uuid per publish, in both paths.
         tag, kombu_tag = message["properties"].pop("delivery_tag"), kombu_message["properties"].pop("delivery_tag")
         assert tag != kombu_tag and uuid.UUID(tag) and uuid.UUID(kombu_tag)
+        # The send time is each publish's own, in both paths.
+        for stored in (message, kombu_message):
+            assert sent_from <= stored["headers"].pop(SENT_AT_HEADER) <= sent_until
         assert (key, message) == (kombu_key, kombu_message)
     keys = {by_batch[row.task_id][0] for row in rows}
     # kombu's priority lists: 0 -> the queue itself, 2 -> 0 too, 7 -> 6, 9 -> 9.

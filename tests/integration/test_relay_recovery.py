@@ -64,6 +64,7 @@ def publish_latency(store_url: str, task_id: str, committed: float) -> float:
     return float(row["published_at"].astimezone(timezone.utc).timestamp() - committed)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 def test_the_relay_publishes_promptly_once_its_store_is_back(
         store_url: str, user_engine: sa.engine.Engine, fault_proxy: ProxyFactory) -> None:
@@ -88,6 +89,7 @@ def test_the_relay_publishes_promptly_once_its_store_is_back(
     assert sorted(drain_ids(app, queue)) == sorted([first, task_id])
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 @pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
 def test_the_relay_publishes_promptly_once_its_broker_is_back(
