@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from kombu.exceptions import OperationalError
 
 from tests.faultproxy import FaultProxy
 from tests.services import OBSERVE_URL
@@ -216,8 +217,8 @@ class WorkerProcess:
 
     def stats(self, timeout: float = 2.0) -> dict[str, Any] | None:
         """This worker's ``celery inspect stats`` reply; None if it did not answer within ``timeout``."""
-        inspect = self.control_app().control.inspect(destination=[self.hostname], timeout=timeout, limit=1)
-        replies = inspect.stats() or {}
+        replies = self._broadcast(lambda control: control.inspect(destination=[self.hostname], timeout=timeout,
+                                                                  limit=1).stats()) or {}
         return replies.get(self.hostname)
 
     def durable_stats(self, timeout: float = 2.0) -> dict[str, Any]:
@@ -262,9 +263,25 @@ class WorkerProcess:
             self._own_control.conf.broker_transport_options = options
         return self._own_control
 
+    def _broadcast(self, ask: Callable[[Any], Any]) -> Any:
+        """``ask(control)`` on the app whose broadcasts reach this worker, on a fresh connection if need be.
+
+        kombu pools connections process-wide by URL, so a broadcast may be handed a pooled connection an
+        earlier test of this process left idle and the broker has since dropped (stop 22's CI: "connection
+        reset" on a ping's first write). Celery's broadcast does not retry: the pools are reset and the
+        broadcast is sent once more, on a new connection.
+        """
+        try:
+            return ask(self.control_app().control)
+        except (ConnectionError, OSError, OperationalError):
+            self.scenario.reconnect_producer()
+            self._close_control()
+            return ask(self.control_app().control)
+
     def answers_ping(self, timeout: float = 1.0) -> bool:
         """Whether this worker's remote-control mailbox answered a ``ping`` within ``timeout``."""
-        replies = self.control_app().control.ping(destination=[self.hostname], timeout=timeout, limit=1)
+        replies = self._broadcast(lambda control: control.ping(destination=[self.hostname], timeout=timeout,
+                                                               limit=1))
         return any(self.hostname in reply for reply in replies or [])
 
     def wait_ready(self, timeout: float = 30.0) -> WorkerProcess:
