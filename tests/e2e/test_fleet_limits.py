@@ -191,7 +191,8 @@ def test_a_pass_parking_a_flood_gives_back_what_could_run_in_its_place(durable_s
     of free keys it then has no slot for go back to the broker ahead of newer ones. Every message
     runs once, each org's two messages in arrival order, and org A's in theirs."""
     s, url = durable_scenario("postgresql", broker_kind)
-    worker = s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=2).wait_ready()
+    # The backlog is all there before the worker starts: a worker that keeps up with the sends would
+    # take them one at a time (nothing to batch), as it should.
     sent = {s.send_task("q", "limits.sync_plain", ["A", "a000", 1.0]): "a000"}  # holds org A's key a while
     for i in range(1, 101):
         sent[s.send_task("q", "limits.sync_plain", ["A", f"a{i:03}", 0.0])] = f"a{i:03}"
@@ -199,6 +200,7 @@ def test_a_pass_parking_a_flood_gives_back_what_could_run_in_its_place(durable_s
         sent[s.send_task("q", "limits.sync_plain", [f"o{i}", f"o{i:02}-1", 0.05])] = f"o{i:02}-1"
     for i in range(20):
         sent[s.send_task("q", "limits.sync_plain", [f"o{i}", f"o{i:02}-2", 0.0])] = f"o{i:02}-2"
+    worker = s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=2).wait_ready()
 
     wait_for(lambda: len(s.ended()) == len(sent), timeout=90, what="every run to end", every=0.25)
     starts = s.started()
