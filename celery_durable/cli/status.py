@@ -39,7 +39,7 @@ def read_queues(app: Any, names: list[str], dead: dict[str, int]) -> list[QueueV
     from kombu.entity import Queue
 
     from celery_durable.compat.queue_probe import probe
-    from celery_durable.planning.queue_age import oldest_age
+    from celery_durable.planning.queue_age import oldest_ready_seconds
 
     views = []
     with app.connection_for_read() as connection:
@@ -52,7 +52,7 @@ def read_queues(app: Any, names: list[str], dead: dict[str, int]) -> list[QueueV
             if probed is None:
                 views.append(QueueView(name, None, None, dead.get(name, 0)))
                 continue
-            age = 0.0 if probed.depth == 0 else oldest_age(probed.heads, time())
+            age = oldest_ready_seconds(probed.depth, probed.heads, time())
             views.append(QueueView(name, probed.depth, age, dead.get(name, 0)))
     return views
 

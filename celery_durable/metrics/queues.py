@@ -24,7 +24,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from celery_durable.compat.queue_probe import QueueProbe, probe
 from celery_durable.metrics.registry import REGISTRY
-from celery_durable.planning.queue_age import oldest_age
+from celery_durable.planning.queue_age import oldest_ready_seconds
 from celery_durable.store import runs as run_store
 from celery_durable.store.engine import autocommit, engine_for, store_exists
 
@@ -140,7 +140,7 @@ class _QueueCollector:
                 seen.add(name)
                 if probed is not None:
                     depth.add_metric([name], probed.depth)
-                    oldest = 0.0 if probed.depth == 0 else oldest_age(probed.heads, now)
+                    oldest = oldest_ready_seconds(probed.depth, probed.heads, now)
                     if oldest is not None:
                         age.add_metric([name], oldest)
                 if readings.dead is not None:

@@ -23,3 +23,8 @@ def oldest_age(heads: Iterable[Mapping[str, Any]], now: float) -> float | None:
         except (KeyError, TypeError, ValueError):
             continue
     return max(0.0, now - min(stamps)) if stamps else None
+
+
+def oldest_ready_seconds(depth: int, heads: Iterable[Mapping[str, Any]], now: float) -> float | None:
+    """The gauge's value: 0 for an empty queue, else :func:`oldest_age` of its heads (None: not known)."""
+    return 0.0 if depth == 0 else oldest_age(heads, now)

@@ -10,7 +10,6 @@ from typing import Any
 
 from kombu.messaging import Consumer as KombuConsumer
 
-from celery_durable.compat.redis_claim import restore_in_front
 from celery_durable.compat.request import eta_ahead, waits_for_eta
 from celery_durable.compat.transport_guards import guard_channel
 from celery_durable.errors import InvariantBroken
@@ -26,7 +25,14 @@ from celery_durable.planning.claim_sweep import (
 )
 from celery_durable.planning.limits import BACK, RunRoom
 from celery_durable.planning.ready_counts import ReadyCounts
-from celery_durable.worker.fetchers import Fetcher, PassFetcher, ProbingFetcher, fetcher_for, gives_back_in_place
+from celery_durable.worker.fetchers import (
+    Fetcher,
+    PassFetcher,
+    ProbingFetcher,
+    fetcher_for,
+    give_back_in_place,
+    gives_back_in_place,
+)
 from celery_durable.worker.limit_gate import Admission, LimitGate
 from celery_durable.worker.parking import POISON_POLICY, Parker, parker_for, undecodable
 from celery_durable.worker.process_cap import HeldRun, HeldRuns
@@ -216,6 +222,9 @@ class Claimer:
         order = [name for name in self.held.queues() if name in queues]
         free = self.held.free_slots()
         room = self.held.room()
+        # A pass that asks beyond its room must check each run against the slots as it admits it;
+        # one that does not cannot take more than its room, and skips that bookkeeping.
+        bounded = self._overdraw > 0 and room > 0
         free, room = overdrawn({q: free.get(q, 0) for q in order}, room, self._overdraw)
         if self._probing_fetcher is not None and room > 0:
             free = self._probed(self._probing_fetcher, free, self._ready)
@@ -223,13 +232,13 @@ class Claimer:
         self.passes += 1
         went_to_wait = handed_back = 0
         if self._pass_fetcher is not None and self.claiming:
-            sweep, went_to_wait, handed_back = self._run_whole_pass(self._pass_fetcher, sweep)
+            sweep, went_to_wait, handed_back = self._run_whole_pass(self._pass_fetcher, sweep, bounded)
         else:
             while self.claiming:
                 ask, sweep = next_ask(sweep)
                 if ask is None:
                     break
-                taken, admitted, back = self._fetch(queues[ask.queue], ask.count)
+                taken, admitted, back = self._fetch(queues[ask.queue], ask.count, bounded)
                 self._ready.took(ask.queue, ask.count, taken)
                 sweep = record(sweep, ask, taken)
                 went_to_wait += taken - admitted - back
@@ -276,7 +285,7 @@ class Claimer:
             memory.probed(ready, now, now - started)
         return {q: min(slots, ready.get(q, slots)) for q, slots in free.items()}
 
-    def _run_whole_pass(self, fetcher: PassFetcher, sweep: Sweep) -> tuple[Sweep, int, int]:
+    def _run_whole_pass(self, fetcher: PassFetcher, sweep: Sweep, bounded: bool) -> tuple[Sweep, int, int]:
         """The pass in one broker round trip; the planner replays its asks and must agree with each.
 
         Returns the sweep, how many messages took no slot (parked, waiting, dropped) and how many
@@ -298,25 +307,25 @@ class Claimer:
             taken.extend((result.queue, message) for message in result.messages)
             unreadable += result.taken - len(result.messages)
         # Admitted together: the limit gate decides a pass's limited messages in one store transaction.
-        admitted, handed_back = self._admit_all(taken)
+        admitted, handed_back = self._admit_all(taken, bounded)
         return sweep, unreadable + len(taken) - admitted - handed_back, handed_back
 
-    def _fetch(self, queue: Any, count: int) -> tuple[int, int, int]:
+    def _fetch(self, queue: Any, count: int, bounded: bool) -> tuple[int, int, int]:
         """(messages taken from the broker, of them admitted: now holding a slot, given back: no slot left)."""
         if self._fetcher is None:  # run_pass checked; set once at start, never cleared
             return 0, 0, 0
         # A message already taken from the broker is admitted even if a stop
         # came meanwhile: it is counted, and the drain hands it back.
         messages = list(self._fetcher.fetch(queue, count, lambda: self.claiming))
-        admitted, handed_back = self._admit_all([(queue.name, message) for message in messages])
+        admitted, handed_back = self._admit_all([(queue.name, message) for message in messages], bounded)
         return len(messages), admitted, handed_back
 
     def _admit(self, queue_name: str, message: Any) -> bool:
         """Hand ``message`` to Celery; False if it was parked, went to wait for a limit, or back (no slot)."""
-        return self._admit_all([(queue_name, message)])[0] == 1
+        return self._admit_all([(queue_name, message)], bounded=False)[0] == 1
 
-    def _admit_all(self, taken: list[tuple[str, Any]]) -> tuple[int, int]:
-        """Hand each (queue, message) to Celery in order, as far as the worker's slots go.
+    def _admit_all(self, taken: list[tuple[str, Any]], bounded: bool) -> tuple[int, int]:
+        """Hand each (queue, message) to Celery in order; ``bounded``: as far as the worker's slots go.
 
         Returns (how many now hold a slot, how many went back to the broker: they could run, but
         the pass took more than its room and none was left).
@@ -330,7 +339,7 @@ class Claimer:
                 self._park(queue_name, message, reason)
             else:
                 readable.append((queue_name, message))
-        admissions = self._admissions(readable)
+        admissions = self._admissions(readable, RunRoom(self.held.room(), self.held.free_slots()) if bounded else None)
         back = [message for (_, message), (_, admission) in zip(readable, admissions)
                 if admission is not None and admission.verdict == BACK]
         admitted = sum(self._admit_readable(queue_name, message, checked, admission)
@@ -339,17 +348,16 @@ class Claimer:
             self._give_back_unstarted(back)
         return admitted, len(back)
 
-    def _admissions(self, readable: list[tuple[str, Any]]) -> list[tuple[bool, Admission | None]]:
-        """(checked, admission) per message: what runs, in the worker's slots as they are now.
+    def _admissions(self, readable: list[tuple[str, Any]],
+                    room: RunRoom | None) -> list[tuple[bool, Admission | None]]:
+        """(checked, admission) per message: what runs, within ``room`` (None: everything taken fits).
 
         A message whose ETA is ahead holds no slot until due and is not checked
-        now (it takes its leases when due). The rest spend the slots in order,
+        now (it takes its leases when due). The rest spend the room in order,
         the runs of unlimited tasks first, then the fleet-limit gate's (one store
-        transaction for them all); a message that could run once they are spent
-        is BACK.
+        transaction for them all); a message that could run once it is spent is BACK.
         """
         gate = self._gate
-        room = RunRoom(self.held.room(), self.held.free_slots())
         ahead = [eta_ahead(message) for _, message in readable]
         out: list[tuple[bool, Admission | None]] = []
         limited_at: list[int] = []
@@ -360,14 +368,15 @@ class Claimer:
                 limited_at.append(len(out))
                 out.append((True, None))  # the gate's answer replaces it below
             else:
-                out.append((gate is not None, None if room.take(queue_name) else Admission(BACK)))
+                fits = room is None or room.take(queue_name)
+                out.append((gate is not None, None if fits else Admission(BACK)))
         if gate is None or not limited_at:
             return out
         admissions, store_failed = gate.admit_or_hand_back([readable[i] for i in limited_at], room)
         if store_failed:
             self._paused_until = monotonic() + STORE_PAUSE
         for index, admission in zip(limited_at, admissions):
-            if admission is None and not room.take(readable[index][0]):
+            if admission is None and room is not None and not room.take(readable[index][0]):
                 # The gate could not read its arguments (Celery's strategy will park it): it would still
                 # take a slot on its way there, and there is none left.
                 admission = Admission(BACK)
@@ -378,16 +387,11 @@ class Claimer:
         """Messages that could run but found no slot go back to the broker, ahead of what came after them.
 
         They hold nothing (no slot, no lease, no rate turn) and burn no attempt.
-        Redis restores them to the head of their lists (kombu's requeue would
-        put them behind newer messages); RabbitMQ requeues a rejected message in
-        its place; kombu's virtual transports requeue it.
+        Only a pass that took more than its room has any, and only on a transport
+        that puts them back in place (``fetchers.gives_back_in_place``).
         """
         self.handed_back += len(messages)
-        if messages[0].channel.connection.client.transport.driver_type == "redis":
-            restore_in_front(messages)
-        else:
-            for message in messages:
-                message.reject(requeue=True)
+        give_back_in_place(messages)
 
     def _admit_readable(self, queue_name: str, message: Any, checked: bool, admission: Admission | None) -> bool:
         grant = None

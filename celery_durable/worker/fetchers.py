@@ -198,6 +198,20 @@ def gives_back_in_place(channel: Any) -> bool:
     return channel.connection.client.transport.driver_type in ("redis", "amqp")
 
 
+def give_back_in_place(messages: list[Any]) -> None:
+    """Put claimed messages of a transport that ``gives_back_in_place`` back ahead of newer ones.
+
+    Redis restores them to the head of their lists (kombu's requeue would put
+    them at the tail, behind newer messages); RabbitMQ requeues a rejected
+    message in its place.
+    """
+    if messages[0].channel.connection.client.transport.driver_type == "redis":
+        redis_claim.restore_in_front(messages)
+    else:
+        for message in messages:
+            message.reject(requeue=True)
+
+
 def fetcher_for(channel: Any, accept: Any) -> Fetcher:
     """The fetcher for ``channel``'s transport; the channel's own reads get their poison guard."""
     guard_channel(channel, POISON_POLICY)

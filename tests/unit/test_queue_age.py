@@ -17,3 +17,11 @@ def test_no_stamp_means_no_age_not_zero():
 
 def test_a_stamp_from_a_clock_ahead_reads_as_zero():
     assert oldest_age([{SENT_AT_HEADER: 50.0}], now=40.0) == 0.0
+
+
+def test_an_empty_queue_is_0_seconds_old_and_a_full_one_as_old_as_its_oldest_head():
+    from celery_durable.planning.queue_age import oldest_ready_seconds
+
+    assert oldest_ready_seconds(0, [], now=5.0) == 0.0
+    assert oldest_ready_seconds(2, [{SENT_AT_HEADER: 1.0}], now=5.0) == 4.0
+    assert oldest_ready_seconds(2, [{}], now=5.0) is None
