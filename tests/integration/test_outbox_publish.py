@@ -25,8 +25,10 @@ from celery_durable.planning.queue_age import SENT_AT_HEADER
 from celery_durable.store import outbox as store
 from celery_durable.store.outbox import OutboxRow
 from celery_durable.tasks.sent_stamp import connect as stamp_sent_messages
+from tests.e2e.harness import wait_for
 from tests.faultproxy import FaultProxy
 from tests.services import broker_url
+from tests.task_events import listening
 
 SEP = "\x06\x16"
 #: One clock for both publishes of a row, so a computed ``expiration`` matches to the millisecond.
@@ -207,6 +209,16 @@ def amqp_app(store_url: str) -> Iterator[Celery]:
     app.close()
 
 
+def drain_ids(app: Celery, queue: str, count: int) -> list[str]:
+    """``count`` task ids from ``queue`` on any broker (each within 5 s)."""
+    with Connection(app.conf.broker_url) as conn:
+        simple = conn.SimpleQueue(queue, no_ack=True)
+        try:
+            return [simple.get(block=True, timeout=5).headers["id"] for _ in range(count)]
+        finally:
+            simple.close()
+
+
 def drain_amqp(app: Celery, queue: str, count: int, *, quiet_for: float | None = None) -> list[str]:
     """``count`` task ids from ``queue`` (each within 5 s); then, with ``quiet_for``, any more that come."""
     with Connection(app.conf.broker_url) as conn:
@@ -298,3 +310,50 @@ def test_a_relay_pass_rides_over_a_pooled_connection_the_broker_dropped(
         finally:
             simple.close()
     assert sorted(got) == sorted([before, after])
+
+
+@pytest.mark.parametrize("path", ["batch", "one-by-one"])
+def test_each_published_row_emits_one_task_sent_event_after_its_message(
+        store_url: str, user_engine: sa.engine.Engine, broker: tuple[str, str], path: str) -> None:
+    """``task_send_sent_event`` (Flower setups turn it on): Celery's send path publishes the event
+    through the same producer, which a captured batch read as a second message and refused."""
+    app = make_app(broker[1], store_url)
+    app.conf.task_send_sent_event = True
+    queue = f"sent-{uuid.uuid4().hex[:8]}"
+    rows = enqueue_and_claim(app, user_engine, [((str(i),), {"queue": queue}) for i in range(5)])
+    with listening(broker[1]) as events, app.producer_or_acquire() as producer:
+        publish = publish_batch if path == "batch" else publish_one_by_one
+        result = publish(app, producer, rows, fixed_now)
+        assert result.sent == 5 and result.error is None, result
+        assert (result.batched, result.one_by_one) == ((5, 0) if path == "batch" else (0, 5))
+        wait_for(lambda: all(events.task_sent(row.task_id) for row in rows), timeout=10,
+                 what="a task-sent event for every published row")
+    for row in rows:
+        (event,) = events.task_sent(row.task_id)
+        assert (event["name"], event["queue"], event["args"]) == ("publish.noop", queue,
+                                                                  repr(json.loads(row.args)))
+    assert sorted(drain_ids(app, queue, 5)) == sorted(row.task_id for row in rows)
+
+
+def test_a_refused_batch_emits_no_task_sent_event_and_its_retry_emits_each_once(
+        amqp_app: Celery, user_engine: sa.engine.Engine) -> None:
+    amqp_app.conf.task_send_sent_event = True
+    queue = f"sent-refused-{uuid.uuid4().hex[:8]}"
+    rows = enqueue_and_claim(amqp_app, user_engine, [
+        (("ok-1",), {"queue": queue}),
+        (("lost",), {"exchange": f"no-such-exchange-{uuid.uuid4().hex[:6]}", "routing_key": "x"}),
+        (("ok-2",), {"queue": queue}),
+    ])
+    good = [rows[0], rows[2]]
+    with listening(amqp_app.conf.broker_url) as events:
+        with amqp_app.producer_or_acquire() as producer:
+            refused = publish_batch(amqp_app, producer, rows, fixed_now)
+        assert refused.sent == 0 and refused.error is not None
+        with amqp_app.producer_or_acquire() as producer:
+            retried = publish_batch(amqp_app, producer, good, fixed_now)
+        assert retried == BatchPublished(sent=2, batched=2)
+        wait_for(lambda: all(events.task_sent(row.task_id) for row in good), timeout=10,
+                 what="the retried rows' task-sent events")
+        # Heard after the retry's: had the refused batch emitted any, they would have come first.
+        assert [len(events.task_sent(row.task_id)) for row in rows] == [1, 0, 1]
+    drain_amqp(amqp_app, queue, 2, quiet_for=0.5)

@@ -54,6 +54,7 @@ def publish(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now,
         publish_confirmed(producer, captured, timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - the whole batch failed; its rows are retried
         return BatchPublished(0, exc)
+    sender.announce(captured)
     return BatchPublished(len(captured), build_error, batched=len(captured))
 
 

@@ -77,6 +77,7 @@ def publish(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> Bat
                 channel.basic_publish(item.message, **item.publish_kwargs)
             except Exception as exc:  # noqa: BLE001
                 return BatchPublished(sent, exc, batched, one_by_one)
+            sender.announce([item])
             sent, one_by_one, start = sent + 1, one_by_one + 1, start + 1
             continue
         end = start
@@ -86,6 +87,7 @@ def publish(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> Bat
             execute(channel, [c for item in pending[start:end] for c in item.commands or ()])
         except Exception as exc:  # noqa: BLE001
             return BatchPublished(sent, exc, batched, one_by_one)
+        sender.announce([item.captured for item in pending[start:end]])
         sent, batched, start = sent + end - start, batched + end - start, end
     return BatchPublished(sent, build_error, batched, one_by_one)
 

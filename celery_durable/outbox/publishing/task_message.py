@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from celery_durable.compat.kombu_publish import producer_batch_seam_free, producer_publishes_to
+from celery_durable.outbox.publishing.sent_events import SentEventEmitter, SentEventRecorder
 from celery_durable.planning.checkpoints import from_json
 from celery_durable.store.outbox import OutboxRow
 
@@ -30,6 +31,8 @@ class Captured:
     channel: Any
     message: Any
     publish_kwargs: dict[str, Any]
+    #: The row's ``task-sent`` event under ``task_send_sent_event``, to emit once the broker has the message.
+    sent_event: dict[str, Any] | None = None
 
     @property
     def exchange(self) -> str:
@@ -56,13 +59,20 @@ class RowSender:
         self.app = app
         self.producer = producer
         self.now = now
-        self._send_sent_event = app.conf.task_send_sent_event
+        self._send_sent_event = bool(app.conf.task_send_sent_event)
+        self._sent_events = SentEventRecorder()
+        self._emitter: SentEventEmitter | None = None
         #: Routes whose declarations this batch already made (see ``capture``).
         self._declared: set[tuple[Any, Any]] = set()
 
     def send(self, row: OutboxRow) -> None:
         """Publish ``row`` now (the per-message path), with kombu's retry over a stale connection."""
-        self._send(row, retry=True, declare=None)
+        sent_event = self._send(row, retry=True, declare=None)
+        self._emit([sent_event])
+
+    def announce(self, published: Sequence[Captured]) -> None:
+        """Emit the ``task-sent`` events of captured rows the broker now holds (in order)."""
+        self._emit([item.sent_event for item in published])
 
     def capture(self, row: OutboxRow) -> Captured:
         """Run ``row`` through the same path, but keep the prepared message instead of publishing it.
@@ -75,14 +85,22 @@ class RowSender:
         with _capturing(self.producer) as captured:
             # No kombu retry around a capture: its only broker I/O is a first
             # declaration, and a failure there defers the row like any other.
-            self._send(row, retry=False, declare="once")
+            sent_event = self._send(row, retry=False, declare="once")
         if len(captured) != 1:
             # One send_task_message publishes one message; anything else is a
             # send path this module does not understand, so it is not batched.
             raise CaptureUnsupported(f"expected one publish for task {row.task_id}, saw {len(captured)}")
-        return captured[0]
+        return replace(captured[0], sent_event=sent_event)
 
-    def _send(self, row: OutboxRow, *, retry: bool, declare: str | None) -> None:
+    def _emit(self, events: list[dict[str, Any] | None]) -> None:
+        if not self._send_sent_event or not any(events):
+            return
+        if self._emitter is None:
+            self._emitter = SentEventEmitter(self.app, self.producer)
+        self._emitter.emit(events)
+
+    def _send(self, row: OutboxRow, *, retry: bool, declare: str | None) -> dict[str, Any] | None:
+        """Send (or capture) ``row``'s message; return its ``task-sent`` event, recorded, not yet emitted."""
         amqp = self.app.amqp
         args, kwargs = from_json(row.args), from_json(row.kwargs)
         options: dict[str, Any] = json.loads(row.options)
@@ -117,8 +135,11 @@ class RowSender:
             chain=chain,
             **options,
         )
+        # The event goes to the recorder, not the broker: it is emitted only once the message is there.
         amqp.send_task_message(self.producer, row.task_name, message, retry=retry,
-                               retry_policy=PUBLISH_RETRY_POLICY if retry else None, **options)
+                               retry_policy=PUBLISH_RETRY_POLICY if retry else None,
+                               event_dispatcher=self._sent_events, **options)
+        return self._sent_events.take()
 
 
 class _Collector:
