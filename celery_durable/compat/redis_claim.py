@@ -133,6 +133,19 @@ end
 local again = {}
 local asks = {}
 local parked = {}
+-- cjson refuses a \\u escape of a lone UTF-16 surrogate, which Python's json
+-- (kombu's) writes and reads back: Celery's argsrepr header keeps such a
+-- character from a task's arguments. Only the properties are read here, so an
+-- item cjson refuses is read once more with every surrogate escape made '?';
+-- the item itself is stored and returned as it came.
+local surrogate_escape = string.char(92) .. 'u[dD][89a-fA-F]%x%x'
+local placeholder_escape = string.char(92) .. 'u003f'
+local function decode(item)
+  local ok, msg = pcall(cjson.decode, item)
+  if ok then return ok, msg end
+  local lenient = string.gsub(item, surrogate_escape, placeholder_escape)
+  return pcall(cjson.decode, lenient)
+end
 local function pop(q, want)
   local items, tags = {}, {}
   local lists = {}
@@ -143,7 +156,7 @@ local function pop(q, want)
     while #items < want do
       local item = redis.call('RPOP', list)
       if not item then break end
-      local ok, msg = pcall(cjson.decode, item)
+      local ok, msg = decode(item)
       local props = ok and type(msg) == 'table' and msg['properties']
       local info = type(props) == 'table' and props['delivery_info']
       local tag = type(props) == 'table' and props['delivery_tag']

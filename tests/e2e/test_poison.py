@@ -120,3 +120,18 @@ def test_poison_on_the_embedded_broker_is_parked_and_the_worker_runs_on(tmp_path
         for worker in s._workers:
             worker.kill()
         s.observer.delete(s.key)
+
+
+def test_arguments_holding_a_lone_surrogate_are_a_good_task_not_poison(scenario):
+    """Celery sends them (its ``argsrepr`` header keeps the character, JSON-escaped); a stock worker runs
+    them, and so must ``-P durable``, whose Redis claim script once read the escape as "not JSON"."""
+    s = scenario(["q"])
+    worker = s.worker().wait_ready(60)
+    try:
+        ids = [s.send("q", "lone \ud800 high"), s.send("q", "lone \udfff low"), s.send("q", "plain")]
+        ended = wait_for(lambda: len(s.ended()) >= 3 and s.ended(), timeout=PROMPT, what="all three tasks to end")
+        assert sorted(e["id"] for e in ended) == sorted(ids)
+        assert sorted(e["label"] for e in ended) == sorted(["lone \ud800 high", "lone \udfff low", "plain"])
+        assert "durable.message.parked" not in worker.log()
+    finally:
+        _cleanup_parked(s)

@@ -45,11 +45,11 @@ def redis_queues():
     client.delete(*own.values())
 
 
-def publish(conn, queue, *bodies, priority=None):
+def publish(conn, queue, *bodies, priority=None, headers=None):
     producer = conn.Producer()
     for body in bodies:
         producer.publish(body, exchange=queue.exchange, routing_key=queue.routing_key,
-                         serializer="json", declare=[queue], priority=priority)
+                         serializer="json", declare=[queue], priority=priority, headers=headers)
 
 
 def planned(sweep: Sweep, waiting: dict[str, int]) -> list[tuple[str, int, int]]:
@@ -175,3 +175,24 @@ def test_a_poison_item_is_parked_and_costs_the_pass_nothing(redis_queues):
     assert [m.decode() for m in result.messages] == ["good"]
     assert result.taken == 1
     assert client.lrange(f"{queue.name}.durable.parked", 0, -1) == [b"\xff not json"]
+
+
+@pytest.mark.parametrize("text", ["\ud800", "lone low \udc00 surrogate", "\udbff\udbff twice", "pair \U0001f600 ok"])
+def test_a_message_kombu_sends_with_a_lone_surrogate_is_claimed_not_parked(redis_queues, text):
+    """Celery's ``argsrepr`` header keeps a lone surrogate from the arguments (the body is base64 on
+    Redis); kombu's JSON escapes it (``"\\ud800"``), which Python reads back and Redis's cjson refuses:
+    the message is Celery-valid and must run, as a stock worker runs it."""
+    conn, channel, make = redis_queues
+    [queue] = make(1)
+    client = redis.Redis.from_url(REDIS_URL)
+    publish(conn, queue, {"arg": text}, headers={"argsrepr": repr((text,)), "kept": text})
+    publish(conn, queue, "after")
+    [result] = RedisFetcher(channel, ["json"]).claim_pass([queue.name], {queue.name: 2}, 2)
+    assert [m.decode() for m in result.messages] == [{"arg": text}, "after"]
+    assert client.llen(f"{queue.name}.durable.parked") == 0
+    assert result.messages[0].headers["kept"] == text
+    for message in result.messages:
+        # Recorded unacked as kombu's restore reads it: the item, its exchange and routing key.
+        stored = json.loads(client.hget(channel.qos.unacked_key, message.delivery_tag))
+        assert stored == [message._raw, queue.exchange.name, queue.routing_key]
+        message.ack()
