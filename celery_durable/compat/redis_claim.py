@@ -104,7 +104,10 @@ def restore_expired(channel: Any) -> None:
 # The script names each queue's lists itself, as kombu's Channel._q_for_pri
 # does (step 0: the queue's own name; step p: name .. sep .. p), so a pass over
 # many queues sends their names once, not four keys each.
-# KEYS: unacked index, unacked hash (each with the transport's global_keyprefix).
+# KEYS: unacked index, unacked hash (each with the transport's global_keyprefix),
+# and optionally the claiming worker's held set (compat/redis_holders.py): each
+# tag recorded unacked goes there in the same script, so no claimed message is
+# ever unacked without a holder a live worker can find dead.
 # ARGV: now, room (-1: no process cap), sep, parked suffix, then as JSON arrays
 # the priority steps, the queue names and their free slots (three strings: a
 # pass over hundreds of queues encodes in microseconds, not one argument each),
@@ -162,6 +165,7 @@ local function pop(q, want)
       local tag = type(props) == 'table' and props['delivery_tag']
       if type(info) == 'table' and type(tag) == 'string' then
         redis.call('ZADD', KEYS[1], now, tag)
+        if KEYS[3] then redis.call('SADD', KEYS[3], tag) end
         redis.call('HSET', KEYS[2], tag,
           '[' .. item .. ',' .. cjson.encode(info['exchange']) .. ',' .. cjson.encode(info['routing_key']) .. ']')
         items[#items + 1] = item
@@ -249,9 +253,12 @@ def unprefixed(client: Any) -> Any:
     return plain
 
 
+ClaimedAsk = tuple[str, int, list[Any], list[Any]]
+
+
 def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked_suffix: str,
-               free: list[int], room: int | None,
-               now: float) -> tuple[list[tuple[str, int, list[Any], list[Any]]], list[tuple[str, Any]]]:
+               free: list[int], room: int | None, now: float,
+               held_key: str | None = None) -> tuple[list[ClaimedAsk], list[tuple[str, Any]]]:
     """One script call for a whole pass over ``queues`` (in the pass's order).
 
     Returns the asks that took items, each ``(queue, count, items, tags)``, and the
@@ -263,6 +270,8 @@ def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked
     qos = channel.qos
     prefix = key_prefix(channel)
     keys: list[str] = [prefix + qos.unacked_index_key, prefix + qos.unacked_key]
+    if held_key is not None:
+        keys.append(held_key)
     steps = [channel.priority(step) for step in channel.priority_steps]
     args = [repr(now), -1 if room is None else room, channel.sep, parked_suffix,
             json.dumps(steps), json.dumps(queues), json.dumps(free), prefix]

@@ -184,6 +184,7 @@ class DurableConsumer(ConsumerHooks):
             worker_gauges.unregister_worker(self.runtime)
             queue_metrics.unwatch(self._queue_watch)
             self.runtime.close_limits()
+            self.runtime.leave_broker()
 
     def durable_stats(self) -> dict[str, Any]:
         return self.runtime.stats()

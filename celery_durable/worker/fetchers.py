@@ -85,9 +85,11 @@ class GetFetcher:
 class RedisFetcher:
     """Redis: one script call per pass takes what the pass asks of every queue and marks it unacked."""
 
-    def __init__(self, channel: Any, accept: Any) -> None:
+    def __init__(self, channel: Any, accept: Any, held_key: str | None = None) -> None:
         self._channel = channel
         self._accept = prepare_accept_content(accept)
+        #: This worker's held set (worker/redis_restore.py): every tag claimed is recorded there too.
+        self._held_key = held_key
         self._pass_script: Any = None
         self._client: Any = None
         self.round_trips = 0
@@ -121,7 +123,7 @@ class RedisFetcher:
             self._pass_script = redis_claim.register_pass(client)
         self.round_trips += 1
         asks, parked = redis_claim.claim_pass(channel, client, self._pass_script, queues, PARKED_SUFFIX,
-                                              [free[q] for q in queues], room, time())
+                                              [free[q] for q in queues], room, time(), self._held_key)
         for queue, raw in parked:
             log_parked(queue, raw, "not a kombu message: not JSON, or no properties, "
                        "string delivery_tag or delivery_info")
@@ -212,12 +214,15 @@ def give_back_in_place(messages: list[Any]) -> None:
             message.reject(requeue=True)
 
 
-def fetcher_for(channel: Any, accept: Any) -> Fetcher:
-    """The fetcher for ``channel``'s transport; the channel's own reads get their poison guard."""
+def fetcher_for(channel: Any, accept: Any, held_key: str | None = None) -> Fetcher:
+    """The fetcher for ``channel``'s transport; the channel's own reads get their poison guard.
+
+    ``held_key``: on Redis, the held set this worker's claims are recorded in (its liveness).
+    """
     guard_channel(channel, POISON_POLICY)
     driver = channel.connection.client.transport.driver_type
     if driver == "redis":
-        return RedisFetcher(channel, accept)
+        return RedisFetcher(channel, accept, held_key)
     if driver == "amqp" and supports_pipelined_gets(channel):
         return AmqpFetcher(channel, accept)
     return GetFetcher(channel, accept)

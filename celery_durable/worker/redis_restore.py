@@ -1,4 +1,4 @@
-"""Redis visibility: restore expired unacked messages, and keep this worker's own held messages from expiring."""
+"""Redis held messages: this worker's heartbeat and held set, and the restore of what no live worker holds."""
 
 from __future__ import annotations
 
@@ -7,48 +7,103 @@ from collections.abc import Iterable
 from time import time
 from typing import Any
 
-from celery_durable.compat.redis_claim import renew_unacked, restore_expired
+from celery_durable.compat.redis_claim import renew_unacked
+from celery_durable.compat.redis_holders import HolderScripts, held_key, restore_limit, visibility_timeout
 
 logger = logging.getLogger(__name__)
 
 #: Renewals per visibility timeout: a worker whose loop stalls for a while
 #: (a long GC, a slow drain) still renews well before any message expires.
 RENEWALS_PER_TIMEOUT = 4
+#: Heartbeats per lease TTL, and scans for dead holders: a killed worker's
+#: messages are back on their queues within TTL + TTL / BEATS_PER_TTL.
+BEATS_PER_TTL = 3
 
 
 class RedisRestorer:
-    """Puts messages whose visibility timeout passed back on their queue, and renews the ones held here.
+    """Keeps this worker's claims known to be alive, and puts back the claims of workers that are not.
 
-    kombu restores them only for channels with active push consumers
-    (``MultiChannelPoller.maybe_restore_messages``); a claiming worker has
-    none, so without this a message held by a killed worker would stay
-    unacked forever. And a restore cannot tell a dead worker's message from a
-    live one's: a run longer than ``visibility_timeout`` (or an ETA, a durable
-    sleep, waiting in this worker) would be delivered a second time. So every
-    message this worker holds has its claim time pushed forward well inside
-    the timeout, the way Sidekiq's reliable fetch keeps its heartbeat: only a
-    worker that stopped renewing has its messages restored.
+    kombu restores unacked messages only once ``visibility_timeout`` passed
+    (an hour by default), and cannot tell a dead worker's message from a live
+    one's. Here liveness decides (compat/redis_holders.py): every message this
+    worker claims is in its held set, its heartbeat renews it every third of
+    ``durable_lease_ttl``, and once a holder's heartbeat is a TTL old any live
+    worker puts that holder's messages back at the head of their queues, as
+    Sidekiq's super_fetch does for a dead process. A live holder's messages are
+    never restored, however long they run or wait (an ETA, a durable sleep).
+    Messages in no held set (a stock worker's, in a mixed fleet) keep kombu's
+    rule, whose claim times this worker also renews for its own so a stock
+    worker never restores them either.
     """
 
-    def __init__(self, channel: Any, interval: float) -> None:
+    def __init__(self, channel: Any, interval: float, holder: str, lease_ttl: float) -> None:
         self._channel = channel
         self.interval = interval
+        self.holder = holder
+        self.lease_ttl = lease_ttl
+        self._scripts: HolderScripts | None = None
 
     @classmethod
-    def for_connection(cls, connection: Any, interval: float) -> RedisRestorer | None:
+    def for_connection(cls, connection: Any, interval: float, holder: str, lease_ttl: float) -> RedisRestorer | None:
         if connection.transport.driver_type != "redis":
             return None
-        return cls(connection.channel(), interval)
+        return cls(connection.channel(), interval, holder, lease_ttl)
+
+    @property
+    def held_key(self) -> str:
+        """The held set the claim script records this worker's claims in."""
+        return held_key(self._channel, self.holder)
 
     @property
     def renew_interval(self) -> float:
-        return max(float(self._channel.visibility_timeout) / RENEWALS_PER_TIMEOUT, 0.05)
+        return max(visibility_timeout(self._channel) / RENEWALS_PER_TIMEOUT, 0.05)
+
+    @property
+    def beat_interval(self) -> float:
+        return self.lease_ttl / BEATS_PER_TTL
+
+    def _holder_scripts(self) -> HolderScripts:
+        if self._scripts is None:
+            self._scripts = HolderScripts(self._channel)
+        return self._scripts
+
+    def beat(self) -> None:
+        """Say this worker is alive, then put back what dead holders held."""
+        try:
+            scripts = self._holder_scripts()
+            scripts.beat(self.holder)
+            for dead in scripts.dead(self.lease_ttl):
+                self._restore_holder(scripts, dead)
+        except self._channel.connection_errors as exc:
+            logger.warning("durable.redis.heartbeat_failed error=%s", exc,
+                           extra={"event": "durable.redis.heartbeat_failed", "error": repr(exc)})
+
+    def _restore_holder(self, scripts: HolderScripts, dead: str) -> None:
+        tags = scripts.held_tags_oldest_last(dead)
+        scripts.restore(tags)
+        if scripts.forget(dead, self.lease_ttl) and tags:
+            logger.warning("durable.redis.restored_dead_holder holder=%s messages=%d: its heartbeat stopped; "
+                           "what it held is back at the head of its queues", dead, len(tags),
+                           extra={"event": "durable.redis.restored_dead_holder", "holder": dead,
+                                  "messages": len(tags)})
 
     def restore(self) -> None:
+        """kombu's restore of claims past ``visibility_timeout``, but never one a live holder holds."""
         try:
-            restore_expired(self._channel)
+            scripts = self._holder_scripts()
+            ceiling = time() - visibility_timeout(self._channel)
+            scripts.restore(scripts.expired_unheld(ceiling, self.lease_ttl, restore_limit(self._channel)))
         except self._channel.connection_errors:
             logger.warning("durable.redis.restore_failed", exc_info=True)
+
+    def leave(self) -> None:
+        """A clean stop: mark this worker dead now, so anything it still holds comes back at the next scan."""
+        try:
+            self._holder_scripts().leave(self.holder)
+        except self._channel.connection_errors as exc:
+            logger.warning("durable.redis.leave_failed error=%s: what this worker still holds comes back one "
+                           "lease TTL from its last heartbeat", exc,
+                           extra={"event": "durable.redis.leave_failed", "error": repr(exc)})
 
     def renew(self, messages: Iterable[Any]) -> int:
         """Mark every still-unacked message of ``messages`` as claimed now; returns how many were renewed."""

@@ -9,7 +9,11 @@ keep the count exact run in unit tests on kombu's in-memory transport.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+import socket
+import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from time import monotonic
@@ -42,7 +46,7 @@ class WorkerRuntime:
         republish_connection: Callable[[], Any],
         clock: Callable[[], float] = monotonic,
         stop_requested: Callable[[], bool] = lambda: False,
-        new_fetcher: Callable[[Any, Any], Fetcher] = fetcher_for,
+        new_fetcher: Callable[..., Fetcher] = fetcher_for,
         gate: LimitGate | None = None,
     ) -> None:
         self.config = config
@@ -61,6 +65,9 @@ class WorkerRuntime:
         self.held.on_given_back = self._given_back
         self.drain = Drain(self.held, config, republish_connection, clock=clock)
         self.claimer: Claimer | None = None
+        #: This worker's name as a holder of broker messages (Redis: its heartbeat and held set).
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self._restorer: RedisRestorer | None = None
         #: The timers of the current claimer; the adapter puts them on Celery's hub when it has one.
         self.timers: list[Timer] = []
         self._clock = clock
@@ -97,6 +104,15 @@ class WorkerRuntime:
         """
         if self.claimer is not None:
             self.claimer.close()
+        restorer = RedisRestorer.for_connection(connection, self.config.restore_interval, self.holder,
+                                                self.config.lease_ttl)
+        self._restorer = restorer
+        new_fetcher = self._new_fetcher
+        if restorer is not None:
+            # Alive before the first claim: a claim recorded under a holder nobody knows could never be
+            # found dead, and would wait out kombu's visibility timeout instead.
+            restorer.beat()
+            new_fetcher = functools.partial(self._new_fetcher, held_key=restorer.held_key)
         logger.info(
             "durable.worker.capacity capacity=%s max_in_flight=%s pool=%s queue_slots=%s",
             self._capacity, self.config.max_in_flight, self.pool_limit, self.held.free_slots(),
@@ -110,14 +126,14 @@ class WorkerRuntime:
             schedule=schedule if schedule is not None else self._scheduled.append,
             stop_requested=self._stop_requested,
             before_pass=self.admit_due,
-            new_fetcher=self._new_fetcher,
+            new_fetcher=new_fetcher,
             gate=self.gate,
             hub=hub,
         )
         self.claimer = claimer
         timers: list[Timer] = [(self.config.safety_interval, claimer.kick)]
-        restorer = RedisRestorer.for_connection(connection, self.config.restore_interval)
         if restorer is not None:
+            timers.append((restorer.beat_interval, restorer.beat))
             timers.append((restorer.interval, restorer.restore))
             timers.append((restorer.renew_interval, lambda: restorer.renew(self.held_messages())))
         self.timers = timers
@@ -291,6 +307,11 @@ class WorkerRuntime:
     def stop(self) -> None:
         if self.claimer is not None:
             self.claimer.stop()
+
+    def leave_broker(self) -> None:
+        """The worker is leaving: on Redis, what it still holds is any live worker's to restore at once."""
+        if self._restorer is not None:
+            self._restorer.leave()
 
     def close_limits(self) -> None:
         """The worker is leaving: stop publishing parked messages, give back every lease still held."""

@@ -157,6 +157,16 @@ def soak(self: Any, label: str, first_seconds: float, last_seconds: float) -> st
     return label
 
 
+@app.task(bind=True, name="durable.plain_held", acks_late=True)
+def plain_held(self: Any, label: str) -> str:
+    """A plain ``acks_late`` task: its first attempt waits (the test kills its worker), later ones end."""
+    observe("exec", label, id=self.request.id, pid=os.getpid())
+    if int(_client().incr(_key(f"attempt:{self.request.id}"))) == 1:
+        _client().blpop(_key(f"gate:{label}"), timeout=60)
+    observe("end", label, id=self.request.id)
+    return label
+
+
 @app.task(name="durable.plain")
 def plain(label: str) -> str:
     observe("plain", label)

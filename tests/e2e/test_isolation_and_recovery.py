@@ -71,8 +71,8 @@ def test_acks_late_run_of_a_killed_worker_is_redelivered_and_runs(scenario, brok
     s = scenario(["q"])
     conf = {
         "task_acks_late": True,
-        "durable_restore_interval": 0.5,
-        "broker_transport_options": {"visibility_timeout": 3},
+        # Kombu's visibility timeout left at its hour: the victim's heartbeat stopping is what counts.
+        "durable_lease_ttl": 3,
     }
     first = s.worker(conf=conf, concurrency=1).wait_ready()
     task_id = s.send("q", "victim", 2.0)
@@ -81,7 +81,7 @@ def test_acks_late_run_of_a_killed_worker_is_redelivered_and_runs(scenario, brok
     assert s.ended() == []
     # The new worker gets the message back: RabbitMQ requeues it when the
     # connection drops; on Redis the durable worker restores it itself once
-    # the visibility timeout has passed.
+    # the victim's heartbeat is a lease TTL old.
     second = s.worker(conf=conf, concurrency=1).wait_ready()
     ended = s.wait_ended(1, timeout=30)
     starts = [e for e in s.started() if e["id"] == task_id]

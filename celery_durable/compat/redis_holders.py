@@ -1,0 +1,177 @@
+"""Which live worker holds which of kombu's Redis unacked records: heartbeats, held sets, and their restore.
+
+kombu keeps a claimed message in its unacked hash (tag → ``[payload,
+exchange, routing_key]``) and index (tag → claim time), and puts it back once
+``visibility_timeout`` (1 h by default) has passed, whoever held it. Beside
+those records each ``-P durable`` worker keeps:
+
+- ``unacked.durable_holders``: a sorted set of holder tokens by last
+  heartbeat, in Redis's own clock (``TIME`` inside a script), so no worker's
+  clock decides who is alive;
+- ``unacked.durable_held.<holder>``: the tags that holder claimed (the claim
+  script adds each as it records it unacked, in the same script).
+
+(``unacked`` is kombu's unacked hash name, so apps configured with hashes of
+their own never judge each other's holders.)
+
+A holder whose heartbeat is older than the lease TTL is dead: any live worker
+puts its records back at the head of their queues (kombu's ``restore_by_tag``,
+a WATCH transaction, so two restorers never both restore one tag). A tag in a
+live holder's set is never restored, whatever ``visibility_timeout`` says;
+a record in no held set (a stock worker's) keeps kombu's rule. Every key is
+behind the transport's ``global_keyprefix``. Pinned by tests/compat/test_redis_holders.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from celery_durable.compat.redis_claim import key_prefix, unprefixed
+
+#: Suffixes of kombu's unacked hash name (``unacked`` unless the transport options say otherwise): holders
+#: are kept per unacked hash, since a holder's tags mean something only in the hash they were recorded in.
+HOLDERS_SUFFIX = ".durable_holders"
+HELD_SUFFIX = ".durable_held."
+
+# Redis < 5 replicates a script by its text, and a script that read TIME
+# would replay differently: ask for its effects to be replicated instead
+# (a no-op on Redis >= 5, where that is the only mode).
+_NOW_LUA = """
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+"""
+
+# KEYS: holders, this holder's held set, the unacked hash. ARGV: holder.
+# The heartbeat, and the pruning of tags acked since the last one (kombu's
+# ack removes the unacked record, not our held-set entry).
+_BEAT_LUA = _NOW_LUA + """
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+for _, tag in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  if redis.call('HEXISTS', KEYS[3], tag) == 0 then redis.call('SREM', KEYS[2], tag) end
+end
+return tostring(now)
+"""
+
+# KEYS: holders. ARGV: ttl. The holders whose last heartbeat is older than ttl.
+_DEAD_LUA = _NOW_LUA + """
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. tostring(now - tonumber(ARGV[1])))
+"""
+
+# KEYS: holders, the dead holder's held set. ARGV: holder, ttl. Forget a holder
+# whose records were restored, unless it beat again meanwhile (a stopped
+# process resumed): then it keeps its entry and its set.
+_FORGET_LUA = _NOW_LUA + """
+local beat = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if beat and tonumber(beat) >= now - tonumber(ARGV[2]) then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[2])
+return 1
+"""
+
+# KEYS: unacked index, holders. ARGV: ceiling (claim time before which a record
+# is past visibility_timeout, in the claimers' clock, as kombu compares it), ttl,
+# how many at most, the held-set key prefix. The expired tags no live holder
+# holds, newest first (kombu's restore order: each goes to the head, so the
+# oldest ends up first).
+_EXPIRED_LUA = _NOW_LUA + """
+local live = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. tostring(now - tonumber(ARGV[2])), '+inf')
+local expired = redis.call('ZREVRANGEBYSCORE', KEYS[1], ARGV[1], '-inf', 'LIMIT', 0, tonumber(ARGV[3]))
+local free = {}
+for _, tag in ipairs(expired) do
+  local held = false
+  for _, holder in ipairs(live) do
+    if redis.call('SISMEMBER', ARGV[4] .. holder, tag) == 1 then held = true break end
+  end
+  if not held then free[#free + 1] = tag end
+end
+return free
+"""
+
+
+class HolderKeys:
+    """The liveness keys of one channel's Redis, behind its ``global_keyprefix``."""
+
+    def __init__(self, channel: Any) -> None:
+        prefix = key_prefix(channel)
+        self.unacked: str = prefix + str(channel.qos.unacked_key)
+        self.unacked_index: str = prefix + str(channel.qos.unacked_index_key)
+        self.holders = self.unacked + HOLDERS_SUFFIX
+        self.held_prefix = self.unacked + HELD_SUFFIX
+
+    def held(self, holder: str) -> str:
+        return self.held_prefix + holder
+
+
+class HolderScripts:
+    """The liveness scripts, registered once on a channel's client (run with every key already prefixed)."""
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+        self.keys = HolderKeys(channel)
+        with channel.conn_or_acquire() as client:
+            self.client = unprefixed(client)
+        self._beat = self.client.register_script(_BEAT_LUA)
+        self._dead = self.client.register_script(_DEAD_LUA)
+        self._forget = self.client.register_script(_FORGET_LUA)
+        self._expired = self.client.register_script(_EXPIRED_LUA)
+
+    def beat(self, holder: str) -> float:
+        """Record ``holder`` alive now (Redis's clock), pruning its held set of acked tags; returns that time."""
+        keys = self.keys
+        return float(self._beat(keys=[keys.holders, keys.held(holder), keys.unacked], args=[holder]))
+
+    def leave(self, holder: str) -> None:
+        """Mark ``holder`` dead at once (a clean stop): whatever it still holds is restored by the next scan."""
+        self.client.zadd(self.keys.holders, {holder: 0})
+
+    def dead(self, ttl: float) -> list[str]:
+        return [_text(h) for h in self._dead(keys=[self.keys.holders], args=[repr(ttl)])]
+
+    def held_tags_oldest_last(self, holder: str) -> list[str]:
+        """The tags ``holder`` held that are still unacked, newest claim first (the order to restore them in)."""
+        tags = [_text(t) for t in self.client.smembers(self.keys.held(holder))]
+        if not tags:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            for tag in tags:
+                pipe.zscore(self.keys.unacked_index, tag)
+            scores = pipe.execute()
+        claimed = [(score, tag) for tag, score in zip(tags, scores) if score is not None]
+        return [tag for _, tag in sorted(claimed, reverse=True)]
+
+    def forget(self, holder: str, ttl: float) -> bool:
+        return bool(self._forget(keys=[self.keys.holders, self.keys.held(holder)], args=[holder, repr(ttl)]))
+
+    def expired_unheld(self, ceiling: float, ttl: float, limit: int) -> list[str]:
+        keys = self.keys
+        found = self._expired(keys=[keys.unacked_index, keys.holders],
+                              args=[repr(ceiling), repr(ttl), limit, keys.held_prefix])
+        return [_text(t) for t in found]
+
+    def restore(self, tags: Sequence[str]) -> None:
+        """Put each tag's record back at the head of its queue, in order (kombu's ``QoS.restore_by_tag``)."""
+        qos = self.channel.qos
+        for tag in tags:
+            qos.restore_by_tag(tag, leftmost=False)
+
+
+def held_key(channel: Any, holder: str) -> str:
+    """The held-set key the claim script adds ``holder``'s tags to."""
+    return HolderKeys(channel).held(holder)
+
+
+def visibility_timeout(channel: Any) -> float:
+    """The transport option ``visibility_timeout`` the channel's QoS compares claim times with."""
+    return float(channel.visibility_timeout)
+
+
+def restore_limit(channel: Any) -> int:
+    """How many expired records kombu restores per scan (``unacked_restore_limit``; -1: no limit, as None is)."""
+    limit = channel.unacked_restore_limit
+    return -1 if limit is None else int(limit)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

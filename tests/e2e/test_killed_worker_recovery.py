@@ -1,0 +1,53 @@
+"""A killed worker's held runs run again within 2 × ``durable_lease_ttl``, on every broker, with the broker's
+default settings (Redis: kombu's 1-hour ``visibility_timeout``): liveness decides, not a broker timer.
+
+A ``-P durable`` worker holds a plain ``acks_late`` task and a 3-step durable task, both mid-run, when it is
+SIGKILLed; a second worker, already running a long durable run of its own, takes them over. The live run is
+never restored or run twice.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.e2e.durable_support import APP, conf, durable_scenario, effects, run_state  # noqa: F401 - fixture
+from tests.e2e.harness import wait_for
+
+TTL = 3.0
+
+
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+def test_a_killed_workers_runs_finish_within_two_lease_ttls_and_a_live_run_is_left_alone(
+        durable_scenario, broker_kind):
+    s, url = durable_scenario("postgresql", broker_kind)
+    settings = conf(url, durable_lease_ttl=TTL)
+    victim = s.worker(app=APP, conf=settings, concurrency=2).wait_ready()
+    plain_id = s.send_task("q", "durable.plain_held", ["plain"])
+    durable_id = s.send_task("q", "durable.three_steps", ["durable"])
+    wait_for(lambda: s.labelled("exec", "plain") and s.labelled("after-s2", "durable"), timeout=20,
+             what="both runs to be mid-run on the victim")
+    # The survivor starts now (the victim is full, so it takes nothing of its) and runs 3 × TTL of its own.
+    survivor = s.worker(app=APP, conf=settings, concurrency=3).wait_ready()
+    live_id = s.send_task("q", "durable.long_steps", ["live", 3, TTL])
+    wait_for(lambda: s.labelled("exec", "live"), timeout=20, what="the survivor to start its long run")
+    victim_pid = s.labelled("exec", "plain")[0]["pid"]
+    assert s.labelled("exec", "live")[0]["pid"] != victim_pid
+
+    killed_at = time.time()
+    victim.kill()
+    wait_for(lambda: s.labelled("end", "plain") and run_state(url, durable_id) == "succeeded", timeout=6 * TTL,
+             what="the killed worker's two runs to finish elsewhere")
+    finished = max(s.labelled("end", "plain")[0]["t"], s.labelled("end", "durable")[0]["t"])
+    assert finished - killed_at <= 2 * TTL, f"took {finished - killed_at:.2f}s, more than 2 x TTL ({2 * TTL}s)"
+    # The durable run resumed from its checkpoint: each step's effect once.
+    assert effects(url, durable_id) == {"s1": 1, "s2": 1, "s3": 1}
+    assert [e["id"] for e in s.labelled("end", "plain")] == [plain_id]
+
+    wait_for(lambda: run_state(url, live_id) == "succeeded", timeout=6 * TTL, what="the live run to finish")
+    assert len(s.labelled("exec", "live")) == 1, "the live run was restored and run again"
+    assert effects(url, live_id) == {"s0": 1, "s1": 1, "s2": 1}
+    survivor.wait_durable(lambda st: st["in_flight"] == 0, timeout=20, what="the survivor to hold nothing")
+    assert s.broker_depth("q") == 0
+    assert survivor.terminate() == 0
