@@ -44,8 +44,10 @@ def book_rate_turn(tat: datetime | None, now: datetime, interval: float, burst: 
     if interval <= 0 or burst < 1:
         raise ValueError(f"interval must be > 0 and burst >= 1, got {interval!r}, {burst!r}")
     current = now if tat is None or tat < now else tat
-    tolerance = timedelta(seconds=interval * (burst - 1))
-    start_at = max(now, current - tolerance)
+    # Compared in seconds before any timedelta is made: a burst of millions at "1/d" spans more
+    # than a timedelta (or a datetime minus it) can hold, and it only ever means "start now".
+    tolerance = interval * (burst - 1)
+    start_at = now if tolerance >= (current - now).total_seconds() else current - timedelta(seconds=tolerance)
     return RateTurn(start_at=start_at, tat=current + timedelta(seconds=interval))
 
 

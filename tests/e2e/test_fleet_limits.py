@@ -246,6 +246,28 @@ def test_a_key_function_that_raises_fails_that_run_naming_the_error(durable_scen
     assert s.broker_depth("q") == 0, "the failed run's message is settled, not left to come back"
 
 
+@pytest.mark.parametrize("where", ["function", "header"])
+def test_a_key_the_store_cannot_hold_fails_that_run_and_the_rest_of_its_pass_runs(durable_scenario, where):
+    """A key with a NUL made the claim pass's store transaction fail, every pass: it read as a store
+    outage, the message was never settled, and the limited messages decided beside it went back with it."""
+    s, url = durable_scenario("postgresql", "redis")
+    if where == "function":
+        bad = s.send_task("q", "limits.sync_plain", ["o\x00rg", "bad", 0.0])
+    else:
+        bad = s.send_task("q", "limits.sync_plain", ["o0", "bad", 0.0], headers={"durable_key": "org:\x00"})
+    good = [s.send_task("q", "limits.sync_plain", [f"o{i + 1}", f"good{i}", 0.0]) for i in range(5)]
+    # Sent before the worker starts, so the bad message and the good ones meet in one claim pass.
+    worker = s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=4).wait_ready()
+    wait_for(lambda: len(s.labelled("end", "good")) == 5, timeout=15,
+             what="the 5 good runs to end")
+    wait_for(lambda: "durable.limit.key_failed" in worker.log(), timeout=10, what="the bad key to be logged")
+    assert {e["id"] for e in s.started()} == set(good)
+    line = next(line for line in worker.log().splitlines() if "durable.limit.key_failed" in line)
+    assert bad in line and "NUL" in line
+    assert "durable.limit.store_unavailable" not in worker.log(), "a bad key is not a store outage"
+    wait_for(lambda: s.broker_depth("q") == 0, timeout=10, what="the bad run's message to be settled")
+
+
 @pytest.mark.parametrize(("store_kind", "workers_count"), [("postgresql", 3), ("sqlite", 1)])
 def test_a_fleet_rate_limit_spreads_starts_evenly_across_workers(durable_scenario, monkeypatch, store_kind,
                                                                  workers_count):
@@ -284,6 +306,16 @@ BAD_LIMITS = [
                  id="when-busy-unknown"),
     pytest.param({"durable_rate_limit": "100/x"}, "durable_rate_limit", "got '100/x'", id="rate-100/x"),
     pytest.param({"durable_rate_limit": "0/m"}, "durable_rate_limit", "got '0/m'", id="rate-0"),
+    # Past PostgreSQL's integer: booted, then every claim of the task failed in the store (issue 22 item 2).
+    pytest.param({"durable_concurrency": 2**63 - 1}, "durable_concurrency", "at most 2147483647",
+                 id="concurrency-maxsize"),
+    pytest.param({"durable_key": True, "durable_key_limit": 2**31}, "durable_key_limit", "at most 2147483647",
+                 id="key-limit-2**31"),
+    pytest.param({"durable_rate_limit": "2147483648/s"}, "durable_rate_limit", "at most 2147483647",
+                 id="rate-count-2**31"),
+    # A typo booted with no limit and no word (issue 22 item 3).
+    pytest.param({"durable_concurency": 2}, "durable_concurency", "did you mean durable_concurrency?",
+                 id="option-typo"),
 ]
 
 
