@@ -139,6 +139,28 @@ def busy_key_scenario(s: Scenario, url: str) -> tuple[list[float], int, list[Any
     return sorted(e["t"] - b_sent[e["id"]] for e in b_starts), a_ended_before, workers
 
 
+def test_workers_declaring_different_concurrency_apply_the_lowest_and_say_so(durable_scenario, monkeypatch):
+    """A rolling deploy lowering durable_concurrency from 3 to 1: the new worker's 1 applies to the old
+    ones too (it was 3 at once, the loosest), and each worker logs the mismatch once, naming both values."""
+    s, url = durable_scenario("postgresql", "redis")
+    monkeypatch.setenv("E2E_EXPORT_CONCURRENCY", "1")
+    strict = s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=3).wait_ready()
+    monkeypatch.setenv("E2E_EXPORT_CONCURRENCY", "3")
+    loose = [s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=3).wait_ready() for _ in range(2)]
+    sent = [s.send_task("q", "limits.export", [f"x{i}", 0.3]) for i in range(8)]
+    wait_for(lambda: len(s.labelled("end", "x")) == len(sent), timeout=60, what="every export to end")
+    assert running_peak([e for e in s.events() if e["label"].startswith("x")]) == 1, "the lowest declaration holds"
+    for worker in loose + [strict]:
+        wait_for(lambda worker=worker: "durable.limit.declarations_differ" in worker.log(), timeout=15,
+                 what="each worker to log the differing declarations")
+    for worker in loose + [strict]:
+        lines = [line for line in worker.log().splitlines() if "durable.limit.declarations_differ" in line]
+        assert len(lines) == 1, lines
+        assert "task=limits.export option=durable_concurrency" in lines[0] and "applies" in lines[0]
+    assert "this worker=3 another=1" in next(line for line in loose[0].log().splitlines()
+                                               if "declarations_differ" in line)
+
+
 @pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
 def test_a_busy_key_does_not_hold_back_other_keys_on_the_same_queue(durable_scenario, broker_kind):
     """Rule 3: 1,000 messages for org A (limit 1) ahead of 10 for org B: B's runs start while A's wait —
