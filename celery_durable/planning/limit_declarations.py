@@ -9,8 +9,9 @@ the task and a key for ``durable_key_limit``, and the task for ``durable_rate_li
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,10 @@ WHEN_BUSY = "durable_when_busy"
 RATE_LIMIT = "durable_rate_limit"
 RATE_BURST = "durable_rate_burst"
 OPTIONS = (CONCURRENCY, KEY, KEY_LIMIT, WHEN_BUSY, RATE_LIMIT, RATE_BURST)
+#: Every ``durable_*`` option a task may declare: a task attribute of that prefix outside it is a typo.
+#: (``durable_catch_up`` is a beat entry's option, read off ``beat_schedule``, never off a task.)
+TASK_OPTIONS = frozenset(OPTIONS)
+_OPTION_PREFIX = "durable_"
 
 #: ``durable_when_busy``: the message waits its turn in the store, or is acked without running.
 WAIT, DROP = "wait", "drop"
@@ -34,6 +39,10 @@ TASK_SCOPE, KEY_SCOPE = "task", "key"
 
 #: Longest key a key function may return (the store's column holds 200 characters).
 MAX_KEY_LENGTH = 200
+
+#: Largest count a limit option may hold: the store's SQL takes limits as PostgreSQL ``integer``,
+#: and a larger one (``sys.maxsize`` as "unlimited") boots and then fails every claim of the task.
+MAX_COUNT = 2**31 - 1
 
 _PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*([smhd])\s*$")
@@ -124,7 +133,23 @@ class TaskLimits:
         if len(key) > MAX_KEY_LENGTH:
             raise KeyFunctionFailed(f"task {self.task!r}: {KEY} returned a key of {len(key)} characters; "
                                     f"at most {MAX_KEY_LENGTH}")
+        unstorable = _unstorable(key)
+        if unstorable:
+            # Caught here, before the claim pass's store transaction: there it would fail the whole
+            # pass, every limited message of it going back to the broker, again at every pass.
+            raise KeyFunctionFailed(f"task {self.task!r}: {KEY} returned {key!r}, which {unstorable}")
         return key
+
+
+def _unstorable(key: str) -> str | None:
+    """Why the store cannot hold ``key`` as text, or None: PostgreSQL text holds no NUL and only UTF-8."""
+    if "\x00" in key:
+        return "contains a NUL character (the store's text cannot hold one)"
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return f"is not valid Unicode text at index {err.start} (a lone surrogate; the store holds UTF-8 only)"
+    return None
 
 
 def parse_rate(task: str, value: Any, burst: Any = None) -> Rate:
@@ -134,6 +159,9 @@ def parse_rate(task: str, value: Any, burst: Any = None) -> Rate:
         raise LimitInvalid(f"task {task!r}: {RATE_LIMIT} must be '<count>/<s|m|h|d>' with a count >= 1 "
                            f"(e.g. '100/m'), got {value!r}")
     count = int(match.group(1))
+    if count > MAX_COUNT:
+        raise LimitInvalid(f"task {task!r}: {RATE_LIMIT} count must be at most {MAX_COUNT}, got {value!r} "
+                           f"(leave {RATE_LIMIT} out for no rate limit)")
     return Rate(count, _PERIODS[match.group(2)], _whole(task, RATE_BURST, 1 if burst is None else burst))
 
 
@@ -165,10 +193,30 @@ def declared(task_name: str, options: Mapping[str, Any]) -> TaskLimits | None:
     )
 
 
+def unknown_option(task_name: str, attributes: Iterable[str]) -> LimitInvalid | None:
+    """The refusal for the first ``durable_*`` attribute that is no task option (a typo), else None.
+
+    A misspelt option (``durable_concurency=2``) would otherwise boot with no
+    limit and no word, as Celery keeps any keyword of ``@app.task`` as an attribute.
+    """
+    for name in sorted(attributes):
+        if name.startswith(_OPTION_PREFIX) and name not in TASK_OPTIONS:
+            # Matched without the prefix every option shares, which would make any name look near.
+            near = difflib.get_close_matches(name[len(_OPTION_PREFIX):],
+                                             [option[len(_OPTION_PREFIX):] for option in OPTIONS], n=1)
+            hint = (f"; did you mean {_OPTION_PREFIX}{near[0]}?" if near
+                    else f"; the options are {', '.join(OPTIONS)}")
+            return LimitInvalid(f"task {task_name!r}: {name} is not a celery_durable task option{hint}")
+    return None
+
+
 def of_task(task: Any) -> TaskLimits | None:
-    """The limits a registered Celery task declares."""
+    """The limits a registered Celery task declares; an unknown ``durable_*`` option is refused."""
     # Read off the class: Celery keeps the options as class attributes, and a
     # function read through the instance would come back bound to the task.
+    refusal = unknown_option(task.name, dir(type(task)))
+    if refusal is not None:
+        raise refusal
     return declared(task.name, {name: getattr(type(task), name, None) for name in OPTIONS})
 
 
@@ -195,4 +243,7 @@ def _whole(task: str, option: str, value: Any) -> int:
     # bool is an int to Python; a float (2.5, NaN, even 3.0) is refused rather than rounded.
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise LimitInvalid(f"task {task!r}: {option} must be a whole number >= 1, got {value!r}")
+    if value > MAX_COUNT:
+        raise LimitInvalid(f"task {task!r}: {option} must be at most {MAX_COUNT}, got {value!r} "
+                           f"(leave {option} out for no limit)")
     return value

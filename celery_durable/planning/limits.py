@@ -44,8 +44,10 @@ def book_rate_turn(tat: datetime | None, now: datetime, interval: float, burst: 
     if interval <= 0 or burst < 1:
         raise ValueError(f"interval must be > 0 and burst >= 1, got {interval!r}, {burst!r}")
     current = now if tat is None or tat < now else tat
-    tolerance = timedelta(seconds=interval * (burst - 1))
-    start_at = max(now, current - tolerance)
+    # Compared in seconds before any timedelta is made: a burst of millions at "1/d" spans more
+    # than a timedelta (or a datetime minus it) can hold, and it only ever means "start now".
+    tolerance = interval * (burst - 1)
+    start_at = now if tolerance >= (current - now).total_seconds() else current - timedelta(seconds=tolerance)
     return RateTurn(start_at=start_at, tat=current + timedelta(seconds=interval))
 
 
@@ -108,6 +110,12 @@ class ScopeState:
     held: set[str] = field(default_factory=set)
     #: Messages parked on this scope, not made ready yet.
     waiting: int = 0
+    #: The lowest limit a live worker declares for the scope's task and kind, when lower than the
+    #: asker's own: the strictest declaration applies fleet-wide (a rolling deploy changing a limit).
+    limit: int | None = None
+
+    def limit_of(self, scope: Scope) -> int:
+        return scope.limit if self.limit is None else min(scope.limit, self.limit)
 
 
 @dataclass(frozen=True)
@@ -215,7 +223,7 @@ def _fits(scope: Scope, state: ScopeState, task_id: str, plan: BatchPlan) -> boo
         return False
     if task_id in state.booked:
         return True
-    free = scope.limit - state.live
+    free = state.limit_of(scope) - state.live
     if free > 0 and state.waiting > 0:
         # Waiters first, in arrival order: this message queues behind them.
         made_ready = min(free, state.waiting)

@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 
 from celery_durable.planning.limit_declarations import Rate, Scope
 from celery_durable.planning.limits import Decision, LimitAsk, RunRoom, ScopeState, plan_batch, return_rate_turn
+from celery_durable.store.schema import limit_declarations as declarations
 from celery_durable.store.schema import limit_leases as leases
 from celery_durable.store.schema import limit_waiting as waiting
 from celery_durable.store.schema import rate_limits
@@ -220,15 +221,47 @@ def sweep(conn: Connection, limits: dict[tuple[str, str], int], ttl: float, now:
     return made_ready
 
 
+def declare(conn: Connection, holder: str, limits: dict[tuple[str, str], int], ttl: float,
+            now: datetime) -> dict[tuple[str, str], tuple[int, int]]:
+    """Record the limits ``holder`` declares per (task, kind), live for ``ttl`` (its heartbeat renews them).
+
+    Returns, for each (task, kind) it declares, the lowest and highest limit
+    live workers declare (itself included): where they differ, the lowest applies.
+    """
+    expires = now + timedelta(seconds=ttl)
+    conn.execute(declarations.delete().where(declarations.c.holder == holder))
+    if limits:
+        conn.execute(declarations.insert(), [dict(task_name=task, kind=kind, holder=holder, limit_value=limit,
+                                                  expires_at=expires) for (task, kind), limit in limits.items()])
+    return declared_range(conn, list(limits), now)
+
+
+def declared_range(conn: Connection, pairs: Sequence[tuple[str, str]],
+                   now: datetime) -> dict[tuple[str, str], tuple[int, int]]:
+    """The lowest and highest limit live workers declare for each (task, kind) of ``pairs`` that has one."""
+    tasks = sorted({task for task, _ in pairs})
+    if not tasks:
+        return {}
+    value = declarations.c.limit_value
+    rows = conn.execute(sa.select(declarations.c.task_name, declarations.c.kind, sa.func.min(value), sa.func.max(value))
+                        .where(declarations.c.task_name.in_(tasks), declarations.c.expires_at >= now)
+                        .group_by(declarations.c.task_name, declarations.c.kind)).all()
+    wanted = set(pairs)
+    return {(task, kind): (int(low), int(high)) for task, kind, low, high in rows if (task, kind) in wanted}
+
+
 def renew(conn: Connection, holder: str, ttl: float, now: datetime) -> int:
-    """Extend every lease ``holder`` holds by ``ttl`` from ``now``; returns how many."""
-    result = conn.execute(leases.update().where(leases.c.holder == holder)
-                          .values(expires_at=now + timedelta(seconds=ttl)))
+    """Extend every lease ``holder`` holds, and its declarations, by ``ttl`` from ``now``; returns how many leases."""
+    expires = now + timedelta(seconds=ttl)
+    conn.execute(declarations.update().where(declarations.c.holder == holder).values(expires_at=expires))
+    result = conn.execute(leases.update().where(leases.c.holder == holder).values(expires_at=expires))
     return int(result.rowcount or 0)
 
 
 def release_holder(conn: Connection, holder: str) -> int:
-    """Drop every lease ``holder`` still holds (a worker on its way out); returns how many."""
+    """Drop every lease ``holder`` still holds, and its declarations (a worker on its way out); returns how many
+    leases."""
+    conn.execute(declarations.delete().where(declarations.c.holder == holder))
     return int(conn.execute(leases.delete().where(leases.c.holder == holder)).rowcount or 0)
 
 
@@ -288,13 +321,17 @@ def _read_scope(conn: Connection, scope: Scope, now: datetime) -> ScopeState:
     live = [(tid, holder) for tid, holder, expires in rows if (_aware(expires) or now) >= now]
     if len(live) < len(rows):
         conn.execute(leases.delete().where(*_in_scope(scope), leases.c.expires_at < now))
-    waiters = 0
-    if len(live) < scope.limit:
-        waiters = conn.execute(sa.select(sa.func.count()).select_from(waiting).where(
+    lowest = conn.execute(sa.select(sa.func.min(declarations.c.limit_value)).where(
+        declarations.c.task_name == scope.task, declarations.c.kind == scope.kind,
+        declarations.c.expires_at >= now)).scalar()
+    state = ScopeState(live=len(live), booked={tid for tid, holder in live if holder is None},
+                       held={tid for tid, holder in live if holder is not None},
+                       limit=int(lowest) if lowest is not None and lowest < scope.limit else None)
+    if len(live) < state.limit_of(scope):
+        state.waiting = int(conn.execute(sa.select(sa.func.count()).select_from(waiting).where(
             waiting.c.task_name == scope.task, waiting.c.kind == scope.kind, waiting.c.key == scope.key,
-            waiting.c.publish_at.is_(None))).scalar_one()
-    return ScopeState(live=len(live), booked={tid for tid, holder in live if holder is None},
-                      held={tid for tid, holder in live if holder is not None}, waiting=int(waiters))
+            waiting.c.publish_at.is_(None))).scalar_one())
+    return state
 
 
 def _make_ready(conn: Connection, scope: Scope, count: int, ttl: float, now: datetime) -> int:
@@ -317,7 +354,7 @@ def _make_ready(conn: Connection, scope: Scope, count: int, ttl: float, now: dat
 def _room(conn: Connection, scope: Scope, ttl: float, now: datetime) -> int:
     """Make waiters ready while ``scope`` has room; returns how many."""
     state = _read_scope(conn, scope, now)
-    return _make_ready(conn, scope, min(scope.limit - state.live, state.waiting), ttl, now)
+    return _make_ready(conn, scope, min(state.limit_of(scope) - state.live, state.waiting), ttl, now)
 
 
 def _parked_row(ask: LimitAsk, scope: Scope | None, message: WaitingMessage, now: datetime,

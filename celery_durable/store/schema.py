@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 #: The Alembic revision the code reads and writes; a database behind it must be migrated.
-HEAD_REVISION = "0006_durable_beat"
+HEAD_REVISION = "0007_limit_declarations"
 
 #: The databases the store's SQL is written for (SQLAlchemy backend names; any driver of them).
 SUPPORTED_BACKENDS = ("postgresql", "sqlite")
@@ -128,6 +128,19 @@ limit_waiting = sa.Table(
     sa.Column("publish_at", sa.DateTime(timezone=True), nullable=True),
     sa.Index("ix_durable_limit_waiting_scope", "task_name", "kind", "key", "id"),
     sa.Index("ix_durable_limit_waiting_publish_at", "publish_at"),
+)
+
+# The limits each live worker declares, per (task, kind): the lowest applies fleet-wide, so a
+# rolling deploy that changes a limit is never looser than its strictest worker. Renewed with
+# the holder's leases; a dead worker's expire with them.
+limit_declarations = sa.Table(
+    "durable_limit_declarations",
+    metadata,
+    sa.Column("task_name", sa.String(255), primary_key=True),
+    sa.Column("kind", sa.String(8), primary_key=True),
+    sa.Column("holder", sa.String(64), primary_key=True),
+    sa.Column("limit_value", sa.Integer, nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
 )
 
 # The fleet rate limit's state: per task, the theoretical arrival time of its next run (GCRA).

@@ -33,7 +33,14 @@ from celery_durable.compat.redis_claim import ack_many
 from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.metrics import jobs
 from celery_durable.metrics import limits as limit_metrics
-from celery_durable.planning.limit_declarations import KeyFunctionFailed, Scope, TaskLimits
+from celery_durable.planning.limit_declarations import (
+    CONCURRENCY,
+    KEY_LIMIT,
+    TASK_SCOPE,
+    KeyFunctionFailed,
+    Scope,
+    TaskLimits,
+)
 from celery_durable.planning.limits import BACK, DROP, FAIL, RUN, WAIT, Decision, LimitAsk, RunRoom
 from celery_durable.planning.queue_age import SENT_AT_HEADER
 from celery_durable.store import limits as store
@@ -106,7 +113,15 @@ class LimitGate:
         #: Scopes the general transaction just found busy, until when they are assumed still busy: a
         #: batch touching one skips the fast path, which could only answer "not here" (a flood on one key).
         self._busy_until: dict[Scope, float] = {}
+        #: (task, kind) pairs whose differing declarations this worker has already logged.
+        self._differ_logged: set[tuple[str, str]] = set()
         keeper().hold_limits(url, self.holder, lease_ttl)
+        try:
+            with unavailable_as_error(url), engine_for(url).begin() as conn:
+                self.declare(conn)
+        except Exception as err:  # noqa: BLE001 - the dispatcher declares again at each sweep
+            logger.warning("durable.limit.declare_failed error=%s: declared again at the dispatcher's next sweep",
+                           err, extra={"event": "durable.limit.declare_failed"})
         limit_metrics.watch(url, tuple(self.limits))
 
     # -- admission -----------------------------------------------------------------------
@@ -335,6 +350,22 @@ class LimitGate:
         except Exception as err:  # noqa: BLE001 - the leases expire one TTL after the last renewal
             logger.warning("durable.limit.close_failed error=%s", err)
 
+    def declare(self, conn: Any) -> None:
+        """Write this worker's limits to the store (the lowest live one applies fleet-wide); log, once per
+        task and option, any other worker declaring another value (a rolling deploy changing a limit)."""
+        mine = self.scope_limits()
+        for pair, (lowest, highest) in store.declare(conn, self.holder, mine, self.lease_ttl, self._clock()).items():
+            if lowest == highest or pair in self._differ_logged:
+                continue
+            self._differ_logged.add(pair)
+            task, kind = pair
+            other = highest if mine[pair] == lowest else lowest
+            option = CONCURRENCY if kind == TASK_SCOPE else KEY_LIMIT
+            logger.warning("durable.limit.declarations_differ task=%s option=%s this worker=%s another=%s: "
+                           "the lowest, %s, applies across the fleet", task, option, mine[pair], other, lowest,
+                           extra={"event": "durable.limit.declarations_differ", "task": task, "option": option,
+                                  "declared": mine[pair], "other": other, "applied": lowest})
+
     def scope_limits(self) -> dict[tuple[str, str], int]:
         out: dict[tuple[str, str], int] = {}
         for name, limits in self.limits.items():
@@ -426,6 +457,9 @@ class LimitDispatcher:
                     now = self.gate.now()
                     if now.timestamp() >= next_sweep:
                         with engine_for(self.gate.url).begin() as conn:
+                            # Declared again each sweep: a worker's declarations outlive a store outage
+                            # that let them expire, and a new worker's differing one is noticed here.
+                            self.gate.declare(conn)
                             store.sweep(conn, self.gate.scope_limits(), self.gate.lease_ttl, now)
                         next_sweep = now.timestamp() + min(self.poll_interval, self.gate.lease_ttl / 3.0)
                     more = self.publish_ready()

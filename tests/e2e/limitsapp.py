@@ -23,9 +23,11 @@ def _run(task: Any, label: str, seconds: float) -> str:
     return label
 
 
-@app.task(name="limits.export", bind=True, durable_concurrency=3, acks_late=True)
+@app.task(name="limits.export", bind=True, durable_concurrency=int(os.environ.get("E2E_EXPORT_CONCURRENCY", "3")),
+          acks_late=True)
 def export(self: Any, label: str, seconds: float = 0.0) -> str:
-    """At most 3 at once across every worker; acked late, so a killed worker's run is delivered again."""
+    """At most 3 at once across every worker (E2E_EXPORT_CONCURRENCY: another number, as a rolling deploy
+    changing it would); acked late, so a killed worker's run is delivered again."""
     return _run(self, label, seconds)
 
 

@@ -139,6 +139,28 @@ def busy_key_scenario(s: Scenario, url: str) -> tuple[list[float], int, list[Any
     return sorted(e["t"] - b_sent[e["id"]] for e in b_starts), a_ended_before, workers
 
 
+def test_workers_declaring_different_concurrency_apply_the_lowest_and_say_so(durable_scenario, monkeypatch):
+    """A rolling deploy lowering durable_concurrency from 3 to 1: the new worker's 1 applies to the old
+    ones too (it was 3 at once, the loosest), and each worker logs the mismatch once, naming both values."""
+    s, url = durable_scenario("postgresql", "redis")
+    monkeypatch.setenv("E2E_EXPORT_CONCURRENCY", "1")
+    strict = s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=3).wait_ready()
+    monkeypatch.setenv("E2E_EXPORT_CONCURRENCY", "3")
+    loose = [s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=3).wait_ready() for _ in range(2)]
+    sent = [s.send_task("q", "limits.export", [f"x{i}", 0.3]) for i in range(8)]
+    wait_for(lambda: len(s.labelled("end", "x")) == len(sent), timeout=60, what="every export to end")
+    assert running_peak([e for e in s.events() if e["label"].startswith("x")]) == 1, "the lowest declaration holds"
+    for worker in loose + [strict]:
+        wait_for(lambda worker=worker: "durable.limit.declarations_differ" in worker.log(), timeout=15,
+                 what="each worker to log the differing declarations")
+    for worker in loose + [strict]:
+        lines = [line for line in worker.log().splitlines() if "durable.limit.declarations_differ" in line]
+        assert len(lines) == 1, lines
+        assert "task=limits.export option=durable_concurrency" in lines[0] and "applies" in lines[0]
+    assert "this worker=3 another=1" in next(line for line in loose[0].log().splitlines()
+                                               if "declarations_differ" in line)
+
+
 @pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
 def test_a_busy_key_does_not_hold_back_other_keys_on_the_same_queue(durable_scenario, broker_kind):
     """Rule 3: 1,000 messages for org A (limit 1) ahead of 10 for org B: B's runs start while A's wait —
@@ -226,6 +248,11 @@ def test_drop_drops_only_while_the_key_is_busy(durable_scenario, broker_kind):
     other = s.send_task("q", "limits.debounce", ["o2", "other", 0.0])
     wait_for(lambda: worker.durable_stats()["limits_dropped"] == 5, timeout=10, what="5 dropped messages")
     wait_for(lambda: s.labelled("end", "first"), timeout=10, what="the first run to end")
+    # The "end" event is the task body's last line: the run still holds its key until it has returned
+    # and its count goes back. A message claimed in between is busy and dropped, rightly, and "after"
+    # never ran (1 failure in a loaded suite run). The key is free once its lease has left the store.
+    wait_for(lambda: not [lease for lease in _leases(url) if lease["key"] == "org:o1"], timeout=10,
+             what="the first run's lease to go back")
     after = s.send_task("q", "limits.debounce", ["o1", "after", 0.0])
     wait_for(lambda: s.labelled("end", "after"), timeout=10, what="a run after the key freed")
     assert {e["id"] for e in s.started()} == {first, other, after}, "only the messages sent while busy drop"
@@ -244,6 +271,28 @@ def test_a_key_function_that_raises_fails_that_run_naming_the_error(durable_scen
     line = next(line for line in worker.log().splitlines() if "durable.limit.key_failed" in line)
     assert bad in line and "durable_key raised ValueError('no org named boom')" in line
     assert s.broker_depth("q") == 0, "the failed run's message is settled, not left to come back"
+
+
+@pytest.mark.parametrize("where", ["function", "header"])
+def test_a_key_the_store_cannot_hold_fails_that_run_and_the_rest_of_its_pass_runs(durable_scenario, where):
+    """A key with a NUL made the claim pass's store transaction fail, every pass: it read as a store
+    outage, the message was never settled, and the limited messages decided beside it went back with it."""
+    s, url = durable_scenario("postgresql", "redis")
+    if where == "function":
+        bad = s.send_task("q", "limits.sync_plain", ["o\x00rg", "bad", 0.0])
+    else:
+        bad = s.send_task("q", "limits.sync_plain", ["o0", "bad", 0.0], headers={"durable_key": "org:\x00"})
+    good = [s.send_task("q", "limits.sync_plain", [f"o{i + 1}", f"good{i}", 0.0]) for i in range(5)]
+    # Sent before the worker starts, so the bad message and the good ones meet in one claim pass.
+    worker = s.worker(app=APP, conf=conf(url), queues=["q"], concurrency=4).wait_ready()
+    wait_for(lambda: len(s.labelled("end", "good")) == 5, timeout=15,
+             what="the 5 good runs to end")
+    wait_for(lambda: "durable.limit.key_failed" in worker.log(), timeout=10, what="the bad key to be logged")
+    assert {e["id"] for e in s.started()} == set(good)
+    line = next(line for line in worker.log().splitlines() if "durable.limit.key_failed" in line)
+    assert bad in line and "NUL" in line
+    assert "durable.limit.store_unavailable" not in worker.log(), "a bad key is not a store outage"
+    wait_for(lambda: s.broker_depth("q") == 0, timeout=10, what="the bad run's message to be settled")
 
 
 @pytest.mark.parametrize(("store_kind", "workers_count"), [("postgresql", 3), ("sqlite", 1)])
@@ -284,6 +333,16 @@ BAD_LIMITS = [
                  id="when-busy-unknown"),
     pytest.param({"durable_rate_limit": "100/x"}, "durable_rate_limit", "got '100/x'", id="rate-100/x"),
     pytest.param({"durable_rate_limit": "0/m"}, "durable_rate_limit", "got '0/m'", id="rate-0"),
+    # Past PostgreSQL's integer: booted, then every claim of the task failed in the store (issue 22 item 2).
+    pytest.param({"durable_concurrency": 2**63 - 1}, "durable_concurrency", "at most 2147483647",
+                 id="concurrency-maxsize"),
+    pytest.param({"durable_key": True, "durable_key_limit": 2**31}, "durable_key_limit", "at most 2147483647",
+                 id="key-limit-2**31"),
+    pytest.param({"durable_rate_limit": "2147483648/s"}, "durable_rate_limit", "at most 2147483647",
+                 id="rate-count-2**31"),
+    # A typo booted with no limit and no word (issue 22 item 3).
+    pytest.param({"durable_concurency": 2}, "durable_concurency", "did you mean durable_concurrency?",
+                 id="option-typo"),
 ]
 
 

@@ -252,3 +252,46 @@ def test_exchange_never_over_the_limit_beside_the_general_path(pg_url):
 
     run_together(worker, 6)
     assert 1 <= peak <= 2
+
+
+def _declare(url: str, holder: str, limit: int, ttl: float = 30.0) -> dict[tuple[str, str], tuple[int, int]]:
+    with engine_for(url).begin() as conn:
+        return store.declare(conn, holder, {("t", "task"): limit}, ttl, now())
+
+
+def test_the_lowest_limit_a_live_worker_declares_applies_to_every_worker(store_url):
+    """A rolling deploy: one worker declares concurrency 1, another 3. Each used to check its own,
+    so the loosest applied (3 at once); the strictest now applies to both, until its worker leaves."""
+    ensure_schema(store_url)
+    assert _declare(store_url, "strict", 1) == {("t", "task"): (1, 1)}
+    assert _declare(store_url, "loose", 3) == {("t", "task"): (1, 3)}, "the second worker sees both values"
+    loose = Scope("t", "task", "", 3)
+    ask = lambda task_id: LimitAsk("t", task_id, (loose,), None, WAIT)  # noqa: E731
+    assert [d.verdict for d in _take(store_url, [ask("a"), ask("b")], holder="loose")] == [RUN, WAIT]
+    assert [d.verdict for d in _take(store_url, [ask("c")], holder="loose")] == [WAIT]
+    # The waiter behind the strict limit is made ready only when the one lease goes back.
+    assert _release(store_url, "a", loose, holder="loose") == 1
+    with engine_for(store_url).begin() as conn:
+        store.release_holder(conn, "strict")  # the strict worker leaves: its declaration with it
+        assert store.sweep(conn, {("t", "task"): 3}, 30.0, now()) == 1, "room for the other waiter now"
+
+
+def test_a_dead_workers_declaration_expires_with_its_ttl(store_url):
+    ensure_schema(store_url)
+    _declare(store_url, "dead", 1, ttl=1.0)
+    _declare(store_url, "live", 3)
+    loose = Scope("t", "task", "", 3)
+    asks = [LimitAsk("t", task_id, (loose,), None, WAIT) for task_id in "ab"]
+    assert [d.verdict for d in _take(store_url, asks, holder="live", at=now() + timedelta(seconds=5))] == [RUN, RUN]
+
+
+def test_exchange_applies_the_lowest_declared_limit(pg_url):
+    ensure_schema(pg_url)
+    _declare(pg_url, "strict", 1)
+    _declare(pg_url, "loose", 3)
+    loose = Scope("t", "task", "", 3)
+    ask = lambda task_id: LimitAsk("t", task_id, (loose,), None, WAIT)  # noqa: E731
+    assert _exchange(pg_url, [], [ask("a"), ask("b")], holder="loose") == (False, False), "two do not fit under 1"
+    assert _exchange(pg_url, [], [ask("a")], holder="loose") == (True, False)
+    assert _exchange(pg_url, [], [ask("c")], holder="loose") == (False, False)
+    assert _held_ids(pg_url) == ["a"]

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import math
+import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from celery_durable.planning.limit_declarations import (
+    OPTIONS,
     KeyFunctionFailed,
     LimitInvalid,
     Rate,
     Scope,
+    TaskLimits,
     declared,
+    of_app,
+    of_task,
     parse_rate,
+    unknown_option,
 )
 from celery_durable.planning.limits import (
     BACK,
@@ -273,3 +279,68 @@ def test_a_key_named_by_the_message_replaces_the_functions_and_is_checked_the_sa
     assert limits.scopes(["a"], {}, "org:zz") == (Scope("t", "key", "org:zz", 1),)
     with pytest.raises(KeyFunctionFailed, match="non-empty string"):
         limits.scopes(["a"], {}, 7)
+
+
+@pytest.mark.parametrize("bad", ["org:\x00", "\x00", "org:\udc80"])
+def test_a_key_the_store_cannot_hold_fails_that_run_named_whether_the_function_or_a_header_gave_it(bad):
+    limits = declared("t", {"durable_key": lambda org: org})
+    assert limits is not None
+    with pytest.raises(KeyFunctionFailed, match=r"task 't': durable_key returned .*(NUL|not valid Unicode)"):
+        limits.scopes([bad], {})
+    with pytest.raises(KeyFunctionFailed, match=r"task 't': durable_key returned .*(NUL|not valid Unicode)"):
+        limits.scopes(["a"], {}, bad)
+    assert limits.scopes(["org:é✓"], {}) == (Scope("t", "key", "org:é✓", 1),), "any other text is a key"
+
+
+@pytest.mark.parametrize("option", ["durable_concurrency", "durable_key_limit", "durable_rate_burst"])
+def test_a_count_past_the_stores_integer_is_refused_naming_task_and_option(option):
+    options: dict[str, object] = {"durable_key": lambda *a, **k: "k", "durable_rate_limit": "1/s"}
+    assert declared("tasks.export", {**options, option: 2**31 - 1}) is not None
+    for value in (2**31, sys.maxsize):
+        with pytest.raises(LimitInvalid, match=rf"task 'tasks.export': {option} must be at most 2147483647"):
+            declared("tasks.export", {**options, option: value})
+
+
+def test_a_rate_count_past_the_stores_integer_is_refused_naming_task_and_option():
+    assert parse_rate("t", "2147483647/s").count == 2**31 - 1
+    with pytest.raises(LimitInvalid, match=r"task 't': durable_rate_limit count must be at most 2147483647"):
+        parse_rate("t", f"{sys.maxsize}/s")
+
+
+def test_the_largest_burst_of_the_slowest_rate_starts_at_once_without_overflowing():
+    rate = parse_rate("t", "1/d", 2**31 - 1)
+    turn = book_rate_turn(T0 + timedelta(days=30), T0, rate.interval, rate.burst)
+    assert turn.start_at == T0
+
+
+@pytest.mark.parametrize(("typo", "near"), [("durable_concurency", "durable_concurrency"),
+                                            ("durable_keylimit", "durable_key_limit"),
+                                            ("durable_ratelimit", "durable_rate_limit"),
+                                            ("durable_when_bussy", "durable_when_busy")])
+def test_an_unknown_durable_task_option_is_refused_naming_task_option_and_the_near_name(typo, near):
+    err = unknown_option("tasks.export", ["name", "acks_late", typo])
+    assert isinstance(err, LimitInvalid)
+    assert str(err).startswith(f"task 'tasks.export': {typo} is not a celery_durable task option")
+    assert f"did you mean {near}?" in str(err)
+
+
+def test_every_task_option_the_package_reads_is_accepted_and_an_unlike_one_lists_them():
+    assert unknown_option("t", [*OPTIONS, "run", "name", "acks_late"]) is None
+    far = unknown_option("t", ["durable_zzz"])
+    assert far is not None and "the options are durable_concurrency" in str(far)
+
+
+def test_a_task_class_declaring_a_typo_is_refused_when_its_limits_are_read():
+    from celery import Celery
+
+    app = Celery("t", set_as_current=False)
+
+    @app.task(name="tasks.typo", durable_concurency=2)
+    def typo() -> None: ...
+
+    @app.task(name="tasks.fine", durable_concurrency=2)
+    def fine() -> None: ...
+
+    with pytest.raises(LimitInvalid, match="'tasks.typo': durable_concurency .* did you mean durable_concurrency"):
+        of_app(app)
+    assert of_task(app.tasks["tasks.fine"]) == TaskLimits("tasks.fine", concurrency=2)
