@@ -24,7 +24,7 @@ from celery_durable.metrics import count_files
 # The registry the worker already serves: one endpoint for every celery_durable metric.
 from celery_durable.metrics.registry import REGISTRY
 
-OUTCOMES = ("succeeded", "failed", "dead_lettered", "cancelled", "duplicate", "dropped")
+OUTCOMES = ("succeeded", "failed", "dead_lettered", "cancelled", "duplicate", "dropped", "recovered")
 
 
 class _ProcessCounts:

@@ -56,6 +56,8 @@ class Run:
     lease_holder: str | None = None
     lease_expires_at: datetime | None = None
     lost_attempts: int = 0
+    retries: int = 0
+    wake_at: datetime | None = None
 
     @property
     def settled(self) -> bool:
@@ -96,10 +98,11 @@ def _begin_attempt_statement() -> sa.TextualSelect:
             f"AND {t}.lease_holder <> COALESCE(:resume, '') THEN 1 ELSE 0 END")
     return sa.text(
         f"INSERT INTO {t} (id, task_name, queue, state, attempts, args, kwargs, started_at, updated_at, "
-        f"lease_holder, lease_expires_at, lost_attempts) "
-        f"VALUES (:id, :task_name, :queue, '{RUNNING}', 1, :args, :kwargs, :at, :at, :token, :expires, 0) "
+        f"lease_holder, lease_expires_at, lost_attempts, retries) "
+        f"VALUES (:id, :task_name, :queue, '{RUNNING}', 1, :args, :kwargs, :at, :at, :token, :expires, 0, "
+        f":retries) "
         f"ON CONFLICT (id) DO UPDATE SET state = '{RUNNING}', attempts = {t}.attempts + 1, "
-        f"lost_attempts = {t}.lost_attempts + {lost}, "
+        f"lost_attempts = {t}.lost_attempts + {lost}, retries = :retries, wake_at = NULL, "
         f"lease_holder = :token, lease_expires_at = :expires, updated_at = :at "
         f"WHERE {t}.state NOT IN ({settled}) AND ({t}.lease_holder IS NULL "
         f"OR {t}.lease_holder = :resume "
@@ -121,7 +124,7 @@ def _require_supported(conn: Connection) -> None:
 
 def begin_attempt(conn: Connection, *, run_id: str, task_name: str, queue: str | None,
                   args: str, kwargs: str, token: str, lease_seconds: float,
-                  resume: str | None = None) -> tuple[Run, bool]:
+                  resume: str | None = None, retries: int = 0) -> tuple[Run, bool]:
     """Take the run's lease for a starting attempt: (the run, True) — or (the run as found, False).
 
     One statement: insert the run, or count one more attempt on a run that has
@@ -134,6 +137,7 @@ def begin_attempt(conn: Connection, *, run_id: str, task_name: str, queue: str |
     row = conn.execute(_BEGIN_ATTEMPT, {
         "id": run_id, "task_name": task_name, "queue": queue, "args": args, "kwargs": kwargs,
         "at": at, "token": token, "expires": at + timedelta(seconds=lease_seconds), "resume": resume,
+        "retries": retries,
     }).one_or_none()
     if row is not None:
         return Run(**row._mapping), True
@@ -168,11 +172,49 @@ def holders(conn: Connection, run_ids: list[str]) -> dict[str, str | None]:
     return {run_id: holder for run_id, holder in rows}
 
 
-def hand_off_to_sleep(conn: Connection, run_id: str, token: str) -> bool:
-    """Mark a run sleeping: its attempt ended, and only the wake-up carrying ``token`` may resume it."""
+def hand_off_to_sleep(conn: Connection, run_id: str, token: str, wake_at: datetime | None = None) -> bool:
+    """Mark a run sleeping: its attempt ended, and only the wake-up carrying ``token`` may resume it.
+
+    ``wake_at``: when the wake-up is due (the fleet sends it again if it is long overdue).
+    """
     result = conn.execute(
         sa.update(runs).where(runs.c.id == run_id, runs.c.lease_holder == token, runs.c.state == RUNNING)
-        .values(state=SLEEPING, lease_expires_at=None, updated_at=now())
+        .values(state=SLEEPING, lease_expires_at=None, wake_at=wake_at, updated_at=now())
+    )
+    return bool(result.rowcount == 1)
+
+
+def stranded(conn: Connection, before: datetime, limit: int) -> list[Run]:
+    """Runs no delivery took over by ``before``, locked for re-sending (PostgreSQL skips rows another has).
+
+    A ``running`` run whose attempt's lease expired before ``before`` (its
+    process died and no copy of its message took it over), or that was handed
+    to a message (a re-send, a store wait) before ``before`` that never came;
+    a ``sleeping`` run whose wake-up was due before ``before``.
+    """
+    lapsed = sa.and_(runs.c.state == RUNNING, runs.c.lease_holder.is_not(None),
+                     sa.or_(runs.c.lease_expires_at < before,
+                            sa.and_(runs.c.lease_expires_at.is_(None), runs.c.updated_at < before)))
+    overdue = sa.and_(runs.c.state == SLEEPING, runs.c.wake_at < before)
+    query = sa.select(runs).where(sa.or_(lapsed, overdue)).order_by(runs.c.updated_at).limit(limit)
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    return [Run(**row._mapping) for row in conn.execute(query)]
+
+
+def hand_off_to_resend(conn: Connection, run: Run, token: str, at: datetime) -> bool:
+    """Hand a stranded run to the message about to be sent with ``token``; False if it moved meanwhile.
+
+    A running run's dead attempt counts as lost (as a copy taking over its
+    expired lease would count it), so a run that keeps killing its workers is
+    still buried; a sleeping run's wake-up is no lost attempt.
+    """
+    lost = 1 if run.state == RUNNING and run.lease_expires_at is not None else 0
+    result = conn.execute(
+        sa.update(runs).where(runs.c.id == run.id, runs.c.state == run.state,
+                              runs.c.lease_holder == run.lease_holder)
+        .values(lease_holder=token, lease_expires_at=None, wake_at=None, state=RUNNING,
+                lost_attempts=runs.c.lost_attempts + lost, updated_at=at)
     )
     return bool(result.rowcount == 1)
 

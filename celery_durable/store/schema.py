@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 #: The Alembic revision the code reads and writes; a database behind it must be migrated.
-HEAD_REVISION = "0007_limit_declarations"
+HEAD_REVISION = "0008_run_recovery"
 
 #: The databases the store's SQL is written for (SQLAlchemy backend names; any driver of them).
 SUPPORTED_BACKENDS = ("postgresql", "sqlite")
@@ -48,6 +48,10 @@ runs = sa.Table(
     # Attempts that started and never recorded an end (their process died):
     # a run that keeps killing its worker is buried once these use up its retries.
     sa.Column("lost_attempts", sa.Integer, nullable=False, server_default="0"),
+    # The delivery's Celery retry count when its attempt began, and when a sleeping run's wake-up
+    # is due: what the fleet needs to send a stranded run again (tasks/recovery.py).
+    sa.Column("retries", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("wake_at", sa.DateTime(timezone=True), nullable=True),
     sa.Index("ix_durable_runs_state", "state"),
     sa.Index("ix_durable_runs_finished_at", "finished_at"),  # run retention (tasks/retention.py)
 )

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from celery.exceptions import Ignore
@@ -133,7 +134,9 @@ class RunContext:
                                     headers=headers).apply_async()
         try:
             with unavailable_as_error(self.url):
-                marked_sleeping = runs.hand_off_to_sleep(self.conn, self.run.id, self.token)
+                marked_sleeping = runs.hand_off_to_sleep(
+                    self.conn, self.run.id, self.token,
+                    datetime.fromtimestamp(wake_at, timezone.utc))
         except StoreUnavailable as err:
             # The wake-up still carries the token the row names: it resumes the run all the same.
             outage.unavailable(self.url, err)

@@ -88,7 +88,8 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
             try:
                 run, started = runs.begin_attempt(conn, run_id=request.id, task_name=task.name, queue=queue,
                                                   args=args_json, kwargs=kwargs_json, token=token,
-                                                  lease_seconds=ttl, resume=resume)
+                                                  lease_seconds=ttl, resume=resume,
+                                                  retries=int(request.retries or 0))
                 # attempts == 1 only on the insert that created the run: no step can exist yet,
                 # so a new run skips the read (every later attempt counts one more).
                 ledger = Ledger(stored=steps.load(conn, run.id)) if started and run.attempts > 1 else Ledger()

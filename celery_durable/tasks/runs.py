@@ -59,9 +59,9 @@ def requeue(run_id: str, *, app: Any = None) -> Run:
             raise RunNotDead(f"run {run_id} is {run.state}{held}; only a dead run, or one left running "
                              f"under an expired lease, can be requeued")
         if not eager:
-            _send(app, run)
+            send(app, run)
             return store_runs.get(conn, run_id) or run
-    _send(app, run)
+    send(app, run)
     with unavailable_as_error(url), engine.connect() as conn:
         return store_runs.get(conn, run_id) or run
 
@@ -84,8 +84,9 @@ def cancel(run_id: str, *, app: Any = None, reason: str = "cancelled by an opera
     return run
 
 
-def _send(app: Any, run: Run) -> None:
-    options: dict[str, Any] = {"task_id": run.id}
+def send(app: Any, run: Run, **options: Any) -> None:
+    """Publish ``run`` again under its id, arguments and queue (``options``: more ``apply_async`` options)."""
+    options["task_id"] = run.id
     if run.queue:
         options["queue"] = run.queue
     args, kwargs = from_json(run.args), from_json(run.kwargs)

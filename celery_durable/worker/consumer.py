@@ -46,6 +46,7 @@ class DurableConsumer(ConsumerHooks):
             *Consumer.Blueprint.default_steps,
             "celery_durable.worker.consumer:DurableStats",
             "celery_durable.worker.relay_step:OutboxRelay",
+            "celery_durable.worker.recovery_step:RunRecovery",
         ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import redis
 
 from tests.e2e.durable_support import APP, conf, durable_scenario, effects, run_state  # noqa: F401 - fixture
 from tests.e2e.harness import wait_for
@@ -50,4 +51,38 @@ def test_a_killed_workers_runs_finish_within_two_lease_ttls_and_a_live_run_is_le
     assert effects(url, live_id) == {"s0": 1, "s1": 1, "s2": 1}
     survivor.wait_durable(lambda st: st["in_flight"] == 0, timeout=20, what="the survivor to hold nothing")
     assert s.broker_depth("q") == 0
+    assert survivor.terminate() == 0
+
+
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+def test_a_run_whose_message_was_deleted_resumes_from_its_checkpoint_within_three_lease_ttls(
+        durable_scenario, broker_kind):
+    """The worker dies and its message is gone from the broker (purged, deleted by hand, a broker restarted
+    without persistence): the fleet sends the run again, and it resumes after its last checkpoint."""
+    s, url = durable_scenario("postgresql", broker_kind)
+    ttl = 4.0
+    # Unacked records of this test's own (Redis): deleting them deletes only this test's message.
+    own = {"unacked_key": f"{s.key}.unacked", "unacked_index_key": f"{s.key}.unacked_index",
+           "unacked_mutex_key": f"{s.key}.unacked_mutex"}
+    settings = conf(url, durable_lease_ttl=ttl, broker_transport_options=own)
+    victim = s.worker(app=APP, conf=settings, concurrency=1).wait_ready()
+    run_id = s.send_task("q", "durable.three_steps", ["gone"])
+    wait_for(lambda: s.labelled("after-s2", "gone"), timeout=20, what="the run to be past its second step")
+    killed_at = time.time()
+    victim.kill()
+    if broker_kind == "redis":
+        client = redis.Redis.from_url(s.broker_url)
+        assert client.hlen(own["unacked_key"]) == 1, "the killed worker's message was not held unacked"
+        client.delete(*own.values())
+    else:
+        wait_for(lambda: s.broker_depth("q") == 1, timeout=10, what="RabbitMQ to requeue the killed one's message")
+        with s.producer.connection_for_write() as conn:
+            conn.default_channel.queue_purge(s.by_name["q"])
+    assert s.broker_depth("q") == 0
+    survivor = s.worker(app=APP, conf=settings, concurrency=1).wait_ready()
+    wait_for(lambda: run_state(url, run_id) == "succeeded", timeout=6 * ttl, what="the stranded run to finish")
+    finished = s.labelled("end", "gone")[0]["t"]
+    assert finished - killed_at <= 3 * ttl, f"took {finished - killed_at:.2f}s, more than 3 x TTL ({3 * ttl}s)"
+    assert effects(url, run_id) == {"s1": 1, "s2": 1, "s3": 1}
+    wait_for(lambda: "durable.run.recovered" in survivor.log(), timeout=5, what="the recovery to be logged")
     assert survivor.terminate() == 0
