@@ -28,6 +28,7 @@ from celery.bin.base import CeleryCommand
 
 from celery_durable.cli.dashboard_history import History
 from celery_durable.cli.group import durable, store_url_of
+from celery_durable.cli.options import Seconds
 from celery_durable.cli.status import fleet_snapshot
 from celery_durable.errors import ConfigInvalid, DurableError
 
@@ -169,9 +170,9 @@ def dashboard_token(app: Any) -> str | None:
 @durable.command(cls=CeleryCommand, name="dashboard")
 @click.option("--port", default=5577, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--host", default="127.0.0.1", show_default=True, help="the address to listen on")
-@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.2),
+@click.option("--interval", default=2.0, show_default=True, type=Seconds(0.2, 3600),
               help="seconds between samples")
-@click.option("--window", default=600.0, show_default=True, type=click.FloatRange(min=10),
+@click.option("--window", default=600.0, show_default=True, type=Seconds(10, 86400),
               help="seconds of history the charts show")
 @click.pass_context
 def dashboard(ctx: click.Context, port: int, host: str, interval: float, window: float) -> None:
