@@ -130,8 +130,10 @@ class DurableConfig:
         if not isinstance(self.relay, bool):
             # "false" as a string would be truthy: refuse it rather than run a relay nobody wanted.
             raise ConfigInvalid("durable_relay", f"must be True or False, got {self.relay!r}")
-        whole_number("durable_relay_batch_size", self.relay_batch_size)
-        positive_seconds("durable_relay_poll_interval", self.relay_poll_interval)
+        # Bounded above: the batch is an SQL LIMIT (signed 64-bit in both stores) and the interval a
+        # select()/wait timeout; past either, each relay pass was an OverflowError's traceback.
+        whole_number("durable_relay_batch_size", self.relay_batch_size, at_most=LARGEST_LIMIT)
+        positive_seconds("durable_relay_poll_interval", self.relay_poll_interval, at_most=LONGEST_POLL)
         positive_seconds("durable_outbox_retention", self.outbox_retention)
         positive_seconds("durable_lease_ttl", self.lease_ttl)
         positive_seconds("durable_run_retention", self.run_retention, allow_zero=True)
@@ -168,16 +170,24 @@ class DurableConfig:
         return sorted(set(self.queue_slots) - set(consumed))
 
 
-def whole_number(setting: str, value: Any) -> int:
+#: The largest count a store takes as a LIMIT (PostgreSQL's bigint and SQLite's INTEGER: signed 64-bit).
+LARGEST_LIMIT = 2**63 - 1
+#: The longest poll interval taken: an hour.
+LONGEST_POLL = 3600.0
+
+
+def whole_number(setting: str, value: Any, *, at_most: int | None = None) -> int:
     # bool is an int subclass: True would silently mean 1.
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigInvalid(setting, f"must be a whole number >= 1, got {value!r}")
     if value < 1:
         raise ConfigInvalid(setting, f"must be a whole number >= 1, got {value!r}")
+    if at_most is not None and value > at_most:
+        raise ConfigInvalid(setting, f"must be a whole number <= {at_most}, got {value!r}")
     return value
 
 
-def positive_seconds(setting: str, value: Any, *, allow_zero: bool = False) -> float:
+def positive_seconds(setting: str, value: Any, *, allow_zero: bool = False, at_most: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigInvalid(setting, f"must be a number of seconds, got {value!r}")
     if math.isnan(value) or math.isinf(value):
@@ -185,6 +195,8 @@ def positive_seconds(setting: str, value: Any, *, allow_zero: bool = False) -> f
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigInvalid(setting, f"must be {bound} seconds, got {value!r}")
+    if at_most is not None and value > at_most:
+        raise ConfigInvalid(setting, f"must be <= {at_most:g} seconds, got {value!r}")
     return float(value)
 
 

@@ -38,7 +38,7 @@ from sqlalchemy.engine import Connection
 from celery_durable import outbox
 from celery_durable.beat.entries import BeatEntry, read_entries
 from celery_durable.config import from_celery_conf
-from celery_durable.errors import DurableError
+from celery_durable.errors import DurableError, SchemaOutdated
 from celery_durable.leases.keeper import new_token
 from celery_durable.metrics import beat as beat_metrics
 from celery_durable.metrics import registry
@@ -108,7 +108,12 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         except DurableError as err:
             # One line naming the entry, exit status 1 (beat starts nothing; a supervisor sees it).
             raise SystemExit(f"celery_durable beat refused to start: {err}") from None
-        ensure_schema(self.url)
+        try:
+            ensure_schema(self.url)
+        except SchemaOutdated as err:
+            # The worker's refusal, one line naming the migrate command: beat would log the exception
+            # chained through celery's own handler as a traceback and still exit 1.
+            raise SystemExit(f"celery_durable beat refused to start: {err}") from None
         self.relay = Relay(self.app, url=self.url, listen=False)
         logger.info("durable.beat.started beat=%s holder=%s entries=%s lease_ttl=%s", self.beat, self.holder,
                     ",".join(sorted(self.entries)) or "-", self.ttl)

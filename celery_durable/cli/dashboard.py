@@ -2,9 +2,10 @@
 
 One process: a sampler thread takes a snapshot (``cli/status.py``) every
 ``--interval`` seconds and keeps the last ``--window`` of them
-(``cli/dashboard_history.py``); a small HTTP server (the standard library's)
-serves the page (``dashboard.html``, no build step: it draws its own charts)
-and ``/api/state``, which the page polls. Read-only unless
+(``cli/dashboard_history.py``); a small HTTP server (the standard library's,
+guarded by ``cli/dashboard_http.py``) serves the page (``dashboard.html`` with
+its ``dashboard.js`` and ``dashboard.css``, no build step: it draws its own
+charts) and ``/api/state``, which the page polls. Read-only unless
 ``durable_dashboard_token`` is set: then ``POST /api/runs/<id>/requeue`` and
 ``/cancel`` act, for a request that carries the token in ``X-Durable-Token``.
 Binds 127.0.0.1 unless told otherwise.
@@ -17,7 +18,6 @@ import json
 import logging
 import threading
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from time import time
 from typing import Any
@@ -27,7 +27,9 @@ import click
 from celery.bin.base import CeleryCommand
 
 from celery_durable.cli.dashboard_history import History
+from celery_durable.cli.dashboard_http import DashboardServer, GuardedHandler
 from celery_durable.cli.group import durable, store_url_of
+from celery_durable.cli.options import Seconds
 from celery_durable.cli.status import fleet_snapshot
 from celery_durable.errors import ConfigInvalid, DurableError
 
@@ -35,6 +37,14 @@ logger = logging.getLogger(__name__)
 
 #: Dead runs the page lists (most recently updated first).
 DEAD_RUNS_SHOWN = 50
+
+#: The files the page is made of: path -> (file in this package, Content-Type).
+PAGE_FILES = {
+    "/": ("dashboard.html", "text/html; charset=utf-8"),
+    "/index.html": ("dashboard.html", "text/html; charset=utf-8"),
+    "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
+    "/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
+}
 
 
 class Dashboard:
@@ -104,11 +114,11 @@ class Dashboard:
         return f"{run_id}: cancelled"
 
 
-def _handler(dashboard: Dashboard, page: bytes) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+def _handler(dashboard: Dashboard, files: dict[str, tuple[bytes, str]]) -> type[GuardedHandler]:
+    class Handler(GuardedHandler):
         def do_GET(self) -> None:  # noqa: N802 - the standard library's name
-            if self.path in ("/", "/index.html"):
-                self._send(HTTPStatus.OK, page, "text/html; charset=utf-8")
+            if self.path in files:
+                self._send(HTTPStatus.OK, *files[self.path])
             elif self.path == "/api/state":
                 self._json(HTTPStatus.OK, dashboard.state())
             else:
@@ -169,21 +179,22 @@ def dashboard_token(app: Any) -> str | None:
 @durable.command(cls=CeleryCommand, name="dashboard")
 @click.option("--port", default=5577, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--host", default="127.0.0.1", show_default=True, help="the address to listen on")
-@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.2),
+@click.option("--interval", default=2.0, show_default=True, type=Seconds(0.2, 3600),
               help="seconds between samples")
-@click.option("--window", default=600.0, show_default=True, type=click.FloatRange(min=10),
+@click.option("--window", default=600.0, show_default=True, type=Seconds(10, 86400),
               help="seconds of history the charts show")
 @click.pass_context
 def dashboard(ctx: click.Context, port: int, host: str, interval: float, window: float) -> None:
     """A live page: workers, queues, runs, dead runs (requeue and cancel with durable_dashboard_token)."""
     app = ctx.find_root().obj.app
     board = Dashboard(app, store_url_of(app), dashboard_token(app), interval=interval, window=window)
-    page = resources.files("celery_durable.cli").joinpath("dashboard.html").read_bytes()
+    package = resources.files("celery_durable.cli")
+    files = {path: (package.joinpath(name).read_bytes(), content_type)
+             for path, (name, content_type) in PAGE_FILES.items()}
     try:
-        server = ThreadingHTTPServer((host, port), _handler(board, page))
+        server = DashboardServer((host, port), _handler(board, files))
     except OSError as err:
         raise click.ClickException(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
-    server.daemon_threads = True
     board.sample()  # the first page load has data
     threading.Thread(target=board.run_sampler, name="durable-dashboard-sampler", daemon=True).start()
     mode = "read-only" if board.token is None else "requeue and cancel need the token"

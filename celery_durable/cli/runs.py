@@ -19,6 +19,7 @@ from celery.bin.base import CeleryCommand
 from sqlalchemy.engine import Connection
 
 from celery_durable.cli.group import durable, store_url_of
+from celery_durable.cli.options import count
 from celery_durable.errors import DurableError
 from celery_durable.store.schema import CANCELLED, DEAD, SETTLED, STATES, SUCCEEDED
 
@@ -74,7 +75,7 @@ def _run_row(run: Any) -> dict[str, Any]:
 @click.option("--state", "states", multiple=True, type=click.Choice(STATES), help="only runs in this state")
 @click.option("--task", default=None, help="only runs of this task name")
 @click.option("--since", default=None, help="only runs updated within this long (30d, 12h, 90m)")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1))
+@click.option("--limit", default=50, show_default=True, type=count())
 @click.option("--json", "as_json", is_flag=True, help="one JSON document instead of the table")
 @click.pass_context
 def runs_list(ctx: click.Context, states: tuple[str, ...], task: str | None, since: str | None, limit: int,

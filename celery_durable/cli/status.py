@@ -20,6 +20,7 @@ import click
 from celery.bin.base import CeleryCommand
 
 from celery_durable.cli.group import durable, store_url_of
+from celery_durable.cli.options import Seconds
 from celery_durable.cli.status_view import FleetSnapshot, QueueView, WorkerView, render
 
 
@@ -91,7 +92,7 @@ def fleet_snapshot(app: Any, url: str, timeout: float = 1.0) -> FleetSnapshot:
 
 @durable.command(cls=CeleryCommand, name="status")
 @click.option("--json", "as_json", is_flag=True, help="one JSON document instead of the screen")
-@click.option("--timeout", default=1.0, show_default=True, type=click.FloatRange(min=0.1),
+@click.option("--timeout", default=1.0, show_default=True, type=Seconds(0.1, 300),
               help="seconds to wait for workers to answer")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, timeout: float) -> None:

@@ -9,6 +9,7 @@ import click
 from celery.bin.base import CeleryCommand
 
 from celery_durable.cli.group import durable, store_url_of
+from celery_durable.cli.options import OptionRefused
 from celery_durable.config import from_celery_conf
 from celery_durable.errors import ConfigInvalid
 from celery_durable.worker.cli_options import naming_the_option
@@ -72,9 +73,11 @@ def relay(ctx: click.Context, batch_size: int | None, poll_interval: float | Non
         if config.metrics_port is not None:
             serve(config.metrics_host, config.metrics_port)
     except ConfigInvalid as err:
-        # An option given is named, not the setting it overrides: the option is what to fix.
-        named = naming_the_option(err, overrides, _RELAY_FLAGS)
-        raise click.ClickException(str(named)) from None
+        # An option given is named, not the setting it overrides: the option is what to fix, and
+        # its refusal exits 2 like any bad option; a bad setting of the app's exits 1.
+        if err.setting in _RELAY_FLAGS and err.setting in overrides:
+            raise OptionRefused(str(naming_the_option(err, overrides, _RELAY_FLAGS))) from None
+        raise click.ClickException(str(err)) from None
     runner = Relay(app, batch_size=config.relay_batch_size, poll_interval=config.relay_poll_interval,
                    retention=config.outbox_retention, faults=faults.of(app))
     for signum in (signal.SIGTERM, signal.SIGINT):

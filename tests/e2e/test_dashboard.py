@@ -40,6 +40,7 @@ def browser() -> Iterator[Any]:
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1100"):
         options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP violations are console errors
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     yield driver
     driver.quit()
@@ -155,6 +156,10 @@ def test_the_page_shows_the_fleet_live_and_requeues_a_dead_run_with_the_token(du
         wait_for(lambda: run_state(url, doomed) == "succeeded", timeout=30, what="the requeued run to succeed")
         wait_for(lambda: not browser.find_elements(By.CSS_SELECTOR, dead_row), timeout=10,
                  what="the run to leave the dead list")
+        # The page ran under its Content-Security-Policy without breaking one of its rules.
+        refused = [entry["message"] for entry in browser.get_log("browser")
+                   if "Content Security Policy" in entry["message"]]
+        assert refused == [], refused
 
 
 def test_without_a_token_the_dashboard_is_read_only(durable_scenario):
@@ -182,3 +187,125 @@ def test_a_token_too_short_refuses_to_start_naming_the_setting(durable_scenario)
                           timeout=60)
     assert done.returncode == 1 and "durable_dashboard_token" in done.stderr and "short" not in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _request(port: int, method: str, path: str, host: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One request through http.client, with ``host`` as the Host header when given."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request(method, path, headers={"Host": host} if host else {})
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+def test_every_response_forbids_framing_and_sniffing_and_allows_only_the_pages_own_script(durable_scenario):
+    from celery_durable.cli.dashboard_http import CONTENT_SECURITY_POLICY
+
+    s, url = durable_scenario("sqlite", "redis")
+    with running_dashboard(s, url, None) as port:
+        routes = [("GET", "/", 200, "text/html"), ("GET", "/index.html", 200, "text/html"),
+                  ("GET", "/dashboard.js", 200, "text/javascript"), ("GET", "/dashboard.css", 200, "text/css"),
+                  ("GET", "/api/state", 200, "application/json"), ("GET", "/nope", 404, "application/json"),
+                  ("POST", "/api/runs/any/requeue", 403, "application/json"), ("PUT", "/", 501, "text/html")]
+        for method, path, status, content_type in routes:
+            got, headers, body = _request(port, method, path)
+            assert got == status and headers["content-type"].startswith(content_type), (method, path, got, headers)
+            assert headers.get("x-frame-options") == "DENY", (method, path, headers)
+            assert headers.get("x-content-type-options") == "nosniff", (method, path, headers)
+            assert headers.get("content-security-policy") == CONTENT_SECURITY_POLICY, (method, path, headers)
+        assert "frame-ancestors 'none'" in CONTENT_SECURITY_POLICY and "unsafe-inline" not in CONTENT_SECURITY_POLICY
+        page = _request(port, "GET", "/")[2].decode()
+        # Under a policy without 'unsafe-inline' an inline script or style would not run: the page has none.
+        assert "<script>" not in page and "<style>" not in page and 'src="/dashboard.js"' in page
+
+
+@pytest.mark.parametrize("host", ["evil.example:{port}", "127.0.0.1.nip.io:{port}", "127.0.0.1:{other}",
+                                  "localhost", "localhost:{port}.evil.example", ""])
+def test_a_request_naming_another_host_is_refused_in_one_line(durable_scenario, host):
+    s, url = durable_scenario("sqlite", "redis")
+    with running_dashboard(s, url, TOKEN) as port:
+        given = host.format(port=port, other=port + 1)
+        if given:
+            status, _, body = _request(port, "GET", "/api/state", host=given)
+        else:  # no Host at all: an HTTP/1.0 request written by hand
+            import http.client
+
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            connection.putrequest("GET", "/api/state", skip_host=True)
+            connection.endheaders()
+            response = connection.getresponse()
+            status, body = response.status, response.read()
+            connection.close()
+        assert status == 421, (given, status, body)
+        assert body.decode().count("\n") == 1 and body.decode().startswith("refused: this dashboard answers to"), body
+        assert b"latest" not in body
+        # Actions are refused the same way before the token is looked at.
+        assert _request(port, "POST", "/api/runs/any/requeue", host=given or "evil.example")[0] == 421
+        for served in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}"):
+            assert _request(port, "GET", "/api/state", host=served)[0] == 200, served
+
+
+def _closed_by_server(sock: Any) -> bool:
+    """True once the server closed ``sock`` (EOF or reset); False while it is still open."""
+    import socket as socket_module
+
+    try:
+        return sock.recv(1024, socket_module.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
+
+
+def test_idle_partial_requests_are_closed_within_the_timeout_while_the_page_is_served(durable_scenario):
+    import socket
+    import time
+
+    from celery_durable.cli.dashboard_http import IDLE_TIMEOUT, MAX_CONNECTIONS
+
+    s, url = durable_scenario("sqlite", "redis")
+    with running_dashboard(s, url, None) as port:
+        idle = []
+        try:
+            for _ in range(MAX_CONNECTIONS - 8):  # room left for the requests below
+                sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+                sock.sendall(f"GET /api/state HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode())  # never finished
+                idle.append(sock)
+            opened = time.monotonic()
+            assert _request(port, "GET", "/")[0] == 200, "the page while idle connections are held"
+            assert _request(port, "GET", "/api/state")[0] == 200
+            wait_for(lambda: all(_closed_by_server(sock) for sock in idle), timeout=IDLE_TIMEOUT + 10,
+                     what="the server to close every idle connection", every=0.1)
+            assert time.monotonic() - opened < IDLE_TIMEOUT + 10
+            assert _request(port, "GET", "/")[0] == 200
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_connections_past_the_cap_are_closed_at_once_and_the_page_is_served_after_the_idle_ones(durable_scenario):
+    import socket
+
+    from celery_durable.cli.dashboard_http import IDLE_TIMEOUT, MAX_CONNECTIONS
+
+    s, url = durable_scenario("sqlite", "redis")
+    with running_dashboard(s, url, None) as port:
+        held = []
+        try:
+            for _ in range(MAX_CONNECTIONS + 20):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+                sock.sendall(b"GET / HTTP/1.1\r\n")  # never finished
+                held.append(sock)
+            # Those past the cap are closed long before the idle timeout would close them.
+            wait_for(lambda: sum(_closed_by_server(sock) for sock in held) >= 20, timeout=IDLE_TIMEOUT / 2,
+                     what="the connections past the cap to be closed", every=0.05)
+            wait_for(lambda: all(_closed_by_server(sock) for sock in held), timeout=IDLE_TIMEOUT + 10,
+                     what="the idle ones to time out", every=0.1)
+            assert _request(port, "GET", "/")[0] == 200
+        finally:
+            for sock in held:
+                sock.close()

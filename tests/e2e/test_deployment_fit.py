@@ -277,3 +277,37 @@ def test_a_bad_operator_command_input_is_one_line_naming_it(args, conf, expected
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(expected), done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("args, expected", [
+    # Before: NaN was taken; the status then named "the broker could not be read" and exited 1.
+    pytest.param(["status", "--timeout", "nan"], "Error: Invalid value for '--timeout': 'nan'", id="status-nan"),
+    pytest.param(["status", "--timeout", "inf"], "Error: Invalid value for '--timeout': inf", id="status-inf"),
+    # Before: the dashboard started and never sampled (NaN) or its sampler died in a traceback (inf).
+    pytest.param(["dashboard", "--interval", "nan"], "Error: Invalid value for '--interval': 'nan'",
+                 id="dashboard-interval-nan"),
+    pytest.param(["dashboard", "--interval", "inf"], "Error: Invalid value for '--interval': inf",
+                 id="dashboard-interval-inf"),
+    pytest.param(["dashboard", "--window", "inf"], "Error: Invalid value for '--window': inf",
+                 id="dashboard-window-inf"),
+    pytest.param(["dashboard", "--window", "nan"], "Error: Invalid value for '--window': 'nan'",
+                 id="dashboard-window-nan"),
+    # Before: the relay ran, and each pass was an OverflowError's traceback (an SQL LIMIT, a select timeout).
+    pytest.param(["relay", "--batch-size", "99999999999999999999"],
+                 "Error: --batch-size must be a whole number <= 9223372036854775807", id="relay-batch-size-huge"),
+    pytest.param(["relay", "--poll-interval", "1e300"], "Error: --poll-interval must be <= 3600 seconds",
+                 id="relay-poll-interval-huge"),
+    # Before: refused, but with exit status 1, as if the store had failed.
+    pytest.param(["relay", "--poll-interval", "nan"], "Error: --poll-interval must be a finite number of seconds",
+                 id="relay-poll-interval-nan"),
+    pytest.param(["relay", "--batch-size", "0"], "Error: --batch-size must be a whole number >= 1, got 0",
+                 id="relay-batch-size-0"),
+])
+def test_a_bad_numeric_option_is_refused_naming_it_with_exit_2(args, expected):
+    done = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.e2e.e2eapp", "durable", *args], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "E2E_BROKER": broker_url("redis"),
+                               "E2E_CONF": "{}"}, capture_output=True, text=True, timeout=20)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert len(errors) == 1 and errors[0].startswith(expected), done.stderr
+    assert "Traceback" not in done.stderr + done.stdout

@@ -314,3 +314,25 @@ def test_sighup_makes_a_replica_take_schedule_changes_without_a_restart(durable_
     kept = [tick for tick, _, _ in _fires(url, "kept")]
     assert kept[-1] - kept[-2] == timedelta(seconds=2), "a changed interval takes effect"
     assert replica.log().count("durable.beat.released") == 1 and replica.log().count("durable.beat.started") == 2
+
+
+def test_a_store_behind_its_migrations_is_refused_in_one_line_naming_the_migrate_command(durable_scenario):
+    from alembic import command
+
+    from celery_durable.store.engine import HEAD_REVISION, alembic_config, current_revision
+
+    s, url = durable_scenario("postgresql", "redis")
+    with engine_for(url).begin() as conn:
+        command.downgrade(alembic_config(url, conn), "-1")  # the store as the release before this one left it
+        behind = current_revision(conn)
+    assert behind is not None and behind != HEAD_REVISION
+    replica = s.beat(conf=_beat_conf(url), entries={"every1": {"every": 1}})
+    code = replica.wait_exit(timeout=30)
+    text = replica.log()
+    assert code == 1, text
+    refusals = [line for line in text.splitlines() if "refused to start" in line]
+    assert len(refusals) == 1, text
+    assert "celery_durable beat refused to start: the durable store at " in refusals[0], text
+    assert refusals[0].endswith(f"is at schema revision {behind}; this code needs {HEAD_REVISION}: "
+                                "run `celery -A proj durable migrate`"), text
+    assert "Traceback" not in text, text

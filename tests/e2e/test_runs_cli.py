@@ -108,6 +108,10 @@ def test_requeue_sends_a_dead_run_again_and_a_worker_runs_it(durable_scenario, s
     (["list", "--since", "-1h"], 2, "'-1h' is not a duration"),
     (["list", "--state", "asleep"], 2, "'asleep' is not one of"),
     (["requeue"], 2, "give a run id, or --all-dead"),
+    # Before: an OverflowError's traceback (a timedelta, an SQL LIMIT), exit 1.
+    (["list", "--since", "99999999999999999999d"], 2, "is longer than the longest duration taken, 36500d"),
+    (["purge", "--older-than", "99999999999999999999d"], 2, "is longer than the longest duration taken"),
+    (["list", "--limit", "99999999999999999999"], 2, "99999999999999999999 is not in the range"),
 ])
 def test_bad_input_is_one_line_naming_it_with_an_exit_code_scripts_can_use(durable_scenario, args, code, named):
     s, url = durable_scenario("sqlite", "redis")
