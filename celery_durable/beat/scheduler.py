@@ -47,6 +47,7 @@ from celery_durable.planning.beat_ticks import Fire, TickPlan, plan_ticks
 from celery_durable.store import beat as store
 from celery_durable.store.engine import ensure_schema, store_url, unavailable_as_error
 from celery_durable.store.runs import now as utc_now
+from celery_durable.tasks import store_outage as outage
 
 logger = logging.getLogger("celery_durable.beat")
 
@@ -161,6 +162,8 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         try:
             self._renew(now)
         except Exception as err:  # noqa: BLE001 - the store is down: lead nothing, try again shortly
+            outage.failed(self.url, err, "durable.beat.renew_failed", level=logging.WARNING,
+                          then="leading nothing; tried again next round")
             self._lost("store_unavailable", err)
             return STANDBY_POLL
         if self.term is None:
@@ -169,8 +172,8 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             states = self._entry_states()
             self._maybe_prune()
         except Exception as err:  # noqa: BLE001 - reported; the next round tries again
-            logger.warning("durable.beat.round_failed error=%r: tried again next round", err,
-                           extra={"event": "durable.beat.round_failed"})
+            outage.failed(self.url, err, "durable.beat.round_failed", level=logging.WARNING,
+                          then="tried again next round")
             return STANDBY_POLL
         due: list[datetime] = []
         for entry in list(self.entries.values()):
@@ -179,8 +182,8 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             try:
                 next_due = self._run_entry(entry, states[entry.name])
             except Exception as err:  # noqa: BLE001 - reported; the entry is tried again next round
-                logger.warning("durable.beat.entry_failed entry=%s error=%r: tried again next round", entry.name,
-                               err, extra={"event": "durable.beat.entry_failed"})
+                outage.failed(self.url, err, "durable.beat.entry_failed", level=logging.WARNING,
+                              then="tried again next round", entry=entry.name)
                 next_due = utc_now() + timedelta(seconds=STANDBY_POLL)
             if next_due is not None:
                 due.append(next_due)
@@ -282,13 +285,15 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             while self.relay.run_pass().published == self.relay.batch_size:
                 pass
         except Exception as err:  # noqa: BLE001 - the rows stay in the outbox: any relay publishes them
-            logger.warning("durable.beat.publish_failed error=%r: the sends wait in the outbox", err)
+            outage.failed(self.url, err, "durable.beat.publish_failed", level=logging.WARNING,
+                          then="the sends wait in the outbox")
 
     # -- the lease -------------------------------------------------------------------------
     def _renew(self, now: datetime) -> None:
         started = time.monotonic()
         with self._transaction() as conn:
             term = store.lead(conn, self.beat, self.holder, self.ttl, now)
+        outage.available(self.url)
         if term is None:
             if self.term is not None:
                 self._lost("lease_taken", None)
@@ -311,6 +316,8 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             try:
                 self._renew(utc_now())
             except Exception as err:  # noqa: BLE001 - cannot vouch for the lease: stop sending
+                outage.failed(self.url, err, "durable.beat.renew_failed", level=logging.WARNING,
+                              then="no send until the lease is renewed")
                 self._lost("store_unavailable", err)
         return self.term is not None and time.monotonic() < self._leads_until
 
@@ -331,7 +338,8 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             logger.info("durable.beat.released beat=%s holder=%s", self.beat, self.holder,
                         extra={"event": "durable.beat.released"})
         except Exception as err:  # noqa: BLE001 - the lease expires one TTL after the last renewal
-            logger.warning("durable.beat.release_failed error=%r: a standby takes over when it expires", err)
+            outage.failed(self.url, err, "durable.beat.release_failed", level=logging.WARNING,
+                          then="a standby takes over when it expires")
         self.term = None
         beat_metrics.leading(self.beat, False)
 

@@ -118,7 +118,7 @@ class LeaseKeeper:
                 # now) and not released it here yet. Lost is another attempt's token.
                 now_held = runs.holders(conn, missed) if missed else {}
         except Exception as err:  # noqa: BLE001 - the next beat tries again; the steps will see it too
-            outage.unavailable(url, err)
+            outage.failed(url, err, "durable.lease.renew_failed", runs=len(tokens))
             return
         outage.available(url)
         for run_id in missed:
@@ -141,7 +141,9 @@ class LeaseKeeper:
                 for holder, ttl in holders.items():
                     limits.renew(conn, holder, ttl, runs.now())
         except Exception as err:  # noqa: BLE001 - the next beat tries again; a lease outlives a few missed beats
-            logger.warning("durable.limit.renew_failed error=%s", err)
+            outage.failed(url, err, "durable.limit.renew_failed")
+            return
+        outage.available(url)
 
 
 _keeper = LeaseKeeper()

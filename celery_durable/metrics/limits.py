@@ -19,6 +19,7 @@ from celery_durable.metrics.registry import REGISTRY
 from celery_durable.store import limits as store
 from celery_durable.store.engine import autocommit, engine_for
 from celery_durable.store.runs import now
+from celery_durable.store.unreachable import is_unreachable
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +73,11 @@ class _LimitsCollector:
         for url, tasks in watched.items():
             try:
                 in_use, waiting = read(url)
-            except Exception:  # noqa: BLE001 - a scrape must not fail because the store is down
-                logger.warning("durable.metrics.limits_unreadable", exc_info=True)
+            except Exception as err:  # noqa: BLE001 - a scrape must not fail because the store is down
+                # An outage is told once by the parts that run against the store (tasks.store_outage), not
+                # at every scrape; any other failure is a bug to see.
+                level = logging.DEBUG if is_unreachable(err) else logging.WARNING
+                logger.log(level, "durable.metrics.limits_unreadable", exc_info=True)
                 continue
             for task in sorted(set(tasks) | set(in_use) | set(waiting)):
                 in_use_family.add_metric([task], in_use.get(task, 0))

@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily
 from celery_durable.metrics.registry import REGISTRY
 from celery_durable.store import outbox as store
 from celery_durable.store.engine import autocommit, ensure_schema, store_exists
+from celery_durable.store.unreachable import is_unreachable
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +43,11 @@ class _OutboxCollector:
         for url in urls:
             try:
                 count, first = read(url)
-            except Exception:  # noqa: BLE001 - a scrape must not fail because the store is down
-                logger.warning("durable.metrics.outbox_unreadable", exc_info=True)
+            except Exception as err:  # noqa: BLE001 - a scrape must not fail because the store is down
+                # An outage is told once by the parts that run against the store (tasks.store_outage), not
+                # at every scrape; any other failure is a bug to see.
+                level = logging.DEBUG if is_unreachable(err) else logging.WARNING
+                logger.log(level, "durable.metrics.outbox_unreadable", exc_info=True)
                 continue
             label = _label(url)
             backlog.add_metric([label], count)

@@ -27,6 +27,7 @@ from celery_durable.metrics.registry import REGISTRY
 from celery_durable.planning.queue_age import oldest_ready_seconds
 from celery_durable.store import runs as run_store
 from celery_durable.store.engine import autocommit, engine_for, store_exists
+from celery_durable.store.unreachable import is_unreachable
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +77,10 @@ class QueueWatch:
         try:
             with autocommit(engine_for(self.store_url)).connect() as conn:
                 return run_store.dead_by_queue(conn)
-        except Exception:  # noqa: BLE001 - the store is down: no dead-run sample this scrape
-            logger.warning("durable.metrics.dead_runs_unreadable", exc_info=True)
+        except Exception as err:  # noqa: BLE001 - the store is down: no dead-run sample this scrape
+            # An outage is told once by the parts that run against the store, not at every scrape.
+            level = logging.DEBUG if is_unreachable(err) else logging.WARNING
+            logger.log(level, "durable.metrics.dead_runs_unreadable", exc_info=True)
             return None
 
     def _open_channel(self) -> Any:

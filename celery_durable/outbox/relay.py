@@ -37,6 +37,7 @@ from celery_durable.store.engine import (
 from celery_durable.store.notify import Waker
 from celery_durable.store.runs import render_error
 from celery_durable.store.urls import shown_url
+from celery_durable.tasks import store_outage as outage
 from celery_durable.tasks.retention import purge_runs
 
 logger = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ class Relay:
     def run(self) -> None:
         outbox_metrics.watch(self.url)
         listen = self.listen and sa.engine.make_url(self.url).get_backend_name() == "postgresql"
-        self._waker = waker = Waker(ensure_engine_or_none(self.url) if listen else None)
+        self._waker = waker = Waker(ensure_engine_or_none(self.url) if listen else None, report=self._listened)
         logger.info("durable.relay.started url=%s batch_size=%s", shown_url(self.url), self.batch_size)
         try:
             while not self._stopping.is_set():
@@ -171,9 +172,12 @@ class Relay:
                     else:
                         self._worked()
                     self._maybe_purge()
-                except Exception:  # noqa: BLE001 - the store is down: back off, rows stay
+                except Exception as err:  # noqa: BLE001 - the store is down: back off, rows stay
                     self.failures += 1
-                    logger.warning("durable.relay.pass_failed failures=%s", self.failures, exc_info=True)
+                    outage.failed(self.url, err, "durable.relay.pass_failed", level=logging.WARNING,
+                                  failures=self.failures)
+                else:
+                    outage.available(self.url)
                 delay = next_wait(claimed=claimed, batch_size=self.batch_size, failures=self.failures,
                                   poll_interval=self.poll_interval, jitter=self.jitter, draw=self._draw())
                 if self.failures:
@@ -187,6 +191,12 @@ class Relay:
             waker.close()
             self._waker = None
             logger.info("durable.relay.stopped")
+
+    def _listened(self, err: BaseException | None) -> None:
+        if err is None:
+            outage.available(self.url)
+        else:
+            outage.failed(self.url, err, "durable.relay.listen_failed", level=logging.WARNING)
 
     def _worked(self) -> None:
         self.failures = 0
@@ -235,8 +245,8 @@ class Relay:
         try:
             with unavailable_as_error(self.url), ensure_schema(self.url).begin() as conn:
                 released = store.release(conn, ids, self._now())
-        except Exception:  # noqa: BLE001 - the next pass reports a store that went down again
-            logger.warning("durable.relay.release_failed rows=%s", len(ids), exc_info=True)
+        except Exception as err:  # noqa: BLE001 - the next pass reports a store that went down again
+            outage.failed(self.url, err, "durable.relay.release_failed", level=logging.WARNING, rows=len(ids))
             return
         if released:
             logger.info("durable.outbox.released rows=%s", released)

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import event, exc
+from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from celery_durable.errors import SchemaOutdated, StoreUnavailable
 from celery_durable.store.schema import HEAD_REVISION, VERSION_TABLE
+from celery_durable.store.unreachable import CONNECTION_ERRORS
 from celery_durable.store.urls import shown_url
 
 #: Where the store lives when ``durable_database_url`` is not set: a file in the working directory.
@@ -183,7 +184,7 @@ def unavailable_as_error(url: str) -> Iterator[None]:
     """Turn "cannot reach the database" into StoreUnavailable (a DurableError the task retries on)."""
     try:
         yield
-    except (exc.OperationalError, exc.InterfaceError) as err:
+    except CONNECTION_ERRORS as err:
         raise StoreUnavailable(f"the durable store at {shown_url(url)} is unavailable: "
                                f"{str(err.orig or err).strip().splitlines()[0]}") from err
 

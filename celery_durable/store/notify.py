@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import select
+from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import exc
 from sqlalchemy.engine import Engine
 
 from celery_durable.store.outbox import CHANNEL
@@ -20,10 +22,16 @@ class Waker:
     The LISTEN connection is a dedicated DBAPI connection, not one of the
     pool's: it stays open for the relay's life. If it breaks, waits fall back
     to the timeout (polling) and it is reopened on the next wait.
+
+    ``report`` is told each LISTEN that failed (its error) or worked (None):
+    its owner knows its name in the logs and which outage tracker to tell,
+    and a store that is out fails every wait's reopening.
     """
 
-    def __init__(self, engine: Engine | None, channel: str = CHANNEL) -> None:
+    def __init__(self, engine: Engine | None, channel: str = CHANNEL,
+                 report: Callable[[BaseException | None], None] | None = None) -> None:
         self._channel = channel
+        self._report = report
         self._engine = engine if engine is not None and engine.dialect.name == "postgresql" else None
         self._listener: Any = None
         self._read_fd, self._write_fd = os.pipe()
@@ -48,8 +56,27 @@ class Waker:
             finally:
                 cursor.close()
             self._listener = conn
-        except Exception:  # noqa: BLE001 - polling still delivers; log and retry next wait
-            logger.warning("durable.relay.listen_failed", exc_info=True)
+        except Exception as err:  # noqa: BLE001 - polling still delivers; reported, and tried again next wait
+            self._failed(err)
+            return
+        if self._report is not None:
+            self._report(None)
+
+    def _failed(self, err: Exception) -> None:
+        engine = self._engine
+        failure: BaseException = err
+        dbapi = engine.dialect.loaded_dbapi if engine is not None else None
+        if engine is not None and dbapi is not None and isinstance(err, dbapi.Error):
+            # The dedicated connection is the driver's own, outside SQLAlchemy: its error is classified
+            # as SQLAlchemy would (an OperationalError for a refused connection), as every other call's is.
+            failure = exc.DBAPIError.instance(f"LISTEN {self._channel}", None, err, dbapi.Error,
+                                              connection_invalidated=engine.dialect.is_disconnect(err, None, None))
+            failure.__cause__ = err
+        if self._report is None:
+            logger.warning("durable.listen_failed channel=%s", self._channel, exc_info=failure,
+                           extra={"event": "durable.listen_failed", "channel": self._channel})
+        else:
+            self._report(failure)
 
     def clear(self) -> None:
         """Forget notifications seen so far (call just before reading the table)."""

@@ -87,7 +87,7 @@ class RunContext:
                 outage.available(self.url)
                 return
             except StoreUnavailable as err:
-                outage.unavailable(self.url, err)
+                outage.failed(self.url, err, "durable.step.checkpoint_failed", run_id=self.run.id)
                 if time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay)  # the store's recovery, not a test: there is nothing to poll but it
@@ -139,7 +139,7 @@ class RunContext:
                     datetime.fromtimestamp(wake_at, timezone.utc))
         except StoreUnavailable as err:
             # The wake-up still carries the token the row names: it resumes the run all the same.
-            outage.unavailable(self.url, err)
+            outage.failed(self.url, err, "durable.sleep.hand_off_failed", run_id=self.run.id)
             marked_sleeping = False
         logger.debug("durable.sleep.handed_off id=%s marked_sleeping=%s", self.run.id, marked_sleeping)
         raise Ignore(f"durable sleep {name!r}: woken again in {remaining:.3f}s")

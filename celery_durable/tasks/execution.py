@@ -147,7 +147,7 @@ def _attempt(ctx: RunContext, body: Callable[..., Any], bind: bool, args: tuple[
             if _settle(ctx, FAILED, error=runs.render_error(exc.exc or exc)):
                 metrics.count(run.queue, "failed")
         except StoreUnavailable as err:
-            outage.unavailable(ctx.url, err)
+            outage.failed(ctx.url, err, "durable.run.settle_failed", run_id=run.id)
         raise
     except Exception as exc:
         if will_retry(task, exc):
@@ -203,7 +203,7 @@ def _wait_for_store(task: Any, url: str, err: StoreUnavailable, resume: str | No
     delivery goes back to the broker unacked.
     """
     request = task.request
-    outage.unavailable(url, err)
+    outage.failed(url, err, "durable.run.store_failed", run_id=request.id)
     if request.is_eager:
         raise err
     waits = int(header(request, STORE_WAITS_HEADER) or 0)

@@ -47,6 +47,7 @@ from celery_durable.store import limits as store
 from celery_durable.store.engine import autocommit, engine_for, ensure_schema, unavailable_as_error
 from celery_durable.store.notify import Waker
 from celery_durable.store.runs import now as utc_now
+from celery_durable.tasks import store_outage as outage
 
 logger = logging.getLogger("celery_durable.limits")
 
@@ -140,8 +141,8 @@ class LimitGate:
         try:
             return self.admit_batch(items, room), False
         except Exception as err:  # noqa: BLE001 - the store did not answer: the broker keeps the messages
-            logger.warning("durable.limit.store_unavailable error=%s: limited messages go back to the broker",
-                           err, extra={"event": "durable.limit.store_unavailable"})
+            outage.failed(self.url, err, "durable.limit.store_unavailable", level=logging.WARNING,
+                          then="limited messages go back to the broker")
         out: list[Admission | None] = []
         for _, message in items:
             if message.acknowledged:
@@ -191,6 +192,7 @@ class LimitGate:
         with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
             decisions, made_ready = store.take_batch(conn, [ask for _, ask, _ in asks], parked, holder=self.holder,
                                                      ttl=self.lease_ttl, now=self._clock(), room=room)
+        outage.available(self.url)
         wake = made_ready > 0
         self._remember_busy([decision.busy for decision in decisions if decision.busy is not None])
         settled: list[Any] = []
@@ -235,6 +237,7 @@ class LimitGate:
             with self._lock:
                 self._ended[:0] = returns  # not given back: the next call (or the dispatcher's round) tries
             raise
+        outage.available(self.url)
         if waiters:
             self.give_back_now(returns)  # the general release makes the waiters ready
         return taken
@@ -258,7 +261,8 @@ class LimitGate:
         try:
             self._exchange([])
         except Exception as err:  # noqa: BLE001 - kept, and tried again: the heartbeat would keep them held
-            logger.warning("durable.limit.release_failed error=%s: tried again at the next claim pass", err)
+            outage.failed(self.url, err, "durable.limit.release_failed", level=logging.WARNING,
+                          then="tried again at the next claim pass")
 
     def _act(self, queue: str, ask: LimitAsk, limits: TaskLimits, decision: Decision) -> Admission:
         if decision.verdict == RUN:
@@ -309,12 +313,13 @@ class LimitGate:
                 made_ready = store.release(conn, returns, holder=self.holder, ttl=self.lease_ttl, now=self._clock())
         except Exception as err:  # noqa: BLE001 - reported, and tried again: the heartbeat would keep them held
             retry = self.dispatcher is not None and self.dispatcher.running
-            logger.warning("durable.limit.release_failed ids=%s error=%s: %s", ",".join(r.task_id for r in returns),
-                           err, "tried again at the dispatcher's next round" if retry else
-                           "the leases are held until this worker stops")
+            outage.failed(self.url, err, "durable.limit.release_failed", level=logging.WARNING,
+                          then="tried again at the dispatcher's next round" if retry else
+                          "the leases are held until this worker stops", ids=",".join(r.task_id for r in returns))
             if retry and self.dispatcher is not None:
                 self.dispatcher.give_back_later(returns)
             return
+        outage.available(self.url)
         if made_ready:
             self.wake_dispatcher()
 
@@ -348,7 +353,8 @@ class LimitGate:
                 store.release_holder(conn, self.holder)
                 store.sweep(conn, self.scope_limits(), self.lease_ttl, self._clock())
         except Exception as err:  # noqa: BLE001 - the leases expire one TTL after the last renewal
-            logger.warning("durable.limit.close_failed error=%s", err)
+            outage.failed(self.url, err, "durable.limit.close_failed", level=logging.WARNING,
+                          then="its leases expire one TTL after their last renewal")
 
     def declare(self, conn: Any) -> None:
         """Write this worker's limits to the store (the lowest live one applies fleet-wide); log, once per
@@ -406,7 +412,8 @@ class LimitDispatcher:
         self._stopping = threading.Event()
         self._returns: deque[store.Return] = deque()
         engine = engine_for(gate.url)
-        self._waker = Waker(engine if engine.dialect.name == "postgresql" else None, store.CHANNEL)
+        self._waker = Waker(engine if engine.dialect.name == "postgresql" else None, store.CHANNEL,
+                            report=self._listened)
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -469,12 +476,21 @@ class LimitDispatcher:
                         due = store.next_publish_at(conn)
                     if due is not None:
                         delay = min(delay, max((due - self.gate.now()).total_seconds(), 0.0))
-                except Exception:  # noqa: BLE001 - the store or broker is down: the rows stay, try again
-                    logger.warning("durable.limit.dispatch_failed", exc_info=True)
+                except Exception as err:  # noqa: BLE001 - the store or broker is down: the rows stay, try again
+                    outage.failed(self.gate.url, err, "durable.limit.dispatch_failed", level=logging.WARNING)
+                else:
+                    outage.available(self.gate.url)
                 if delay > 0:
                     self._waker.wait(delay)
         finally:
             self._waker.close()
+
+    def _listened(self, err: BaseException | None) -> None:
+        # Its own LISTEN (on the limits channel, for other workers' releases), not the outbox relay's.
+        if err is None:
+            outage.available(self.gate.url)
+        else:
+            outage.failed(self.gate.url, err, "durable.limit.listen_failed", level=logging.WARNING)
 
     def publish_ready(self) -> bool:
         """Publish one batch of due parked messages; True if the batch was full (more may be due)."""

@@ -83,3 +83,10 @@ def _key_that_fails(org: Any, *args: Any, **kwargs: Any) -> str:
 def fragile_key(self: Any, org: str, label: str) -> str:
     """Its key function raises for org "boom": that run fails, named, and never runs."""
     return _run(self, label, 0.0)
+
+
+@app.durable_task(bind=True, name="limits.stepped")
+def stepped(self: Any, label: str) -> str:
+    """A durable run with no limit and one checkpointed step: its lease, step and outcome go to the store."""
+    self.step("observed", observe, "step", label, id=self.request.id)
+    return _run(self, label, 0.0)

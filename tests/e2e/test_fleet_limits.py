@@ -473,7 +473,7 @@ def test_a_store_outage_keeps_limited_messages_in_the_broker_and_plain_tasks_run
     plain = {s.send_task("q", "e2e.record", [f"p{i}", 0.0]) for i in range(3)}
     wait_for(lambda: {e["id"] for e in s.labelled("end", "p")} == plain, timeout=30,
              what="the unlimited tasks to run during the outage")
-    wait_for(lambda: "durable.limit.store_unavailable" in worker.log(), timeout=10, what="the outage reported")
+    wait_for(lambda: "durable.store.unavailable" in worker.log(), timeout=10, what="the outage reported")
     assert not s.labelled("start", "x"), "a limited run started while the store could not count it"
     # Between two tries (a second apart) every limited message is back in the broker.
     wait_for(lambda: s.broker_depth("q") == 6, timeout=10, what="the limited messages to be in the broker")

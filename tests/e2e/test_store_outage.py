@@ -129,3 +129,54 @@ def test_a_sqlite_store_locked_out_longer_than_its_busy_timeout_loses_no_run(dur
         assert [e["retries"] for e in s.labelled("end", f"locked-{n}")] == [0], "the lock spent a retry"
     assert worker.process.poll() is None
     assert worker.terminate() == 0
+
+
+#: How long the test below holds the store away: many lease renewals, dispatcher rounds and relay passes.
+LOGGED_OUTAGE_SECONDS = 10.0
+
+
+def log_lines(log: str, event: str) -> list[str]:
+    return [line for line in log.splitlines() if re.search(rf"\] {re.escape(event)}\b", line)]
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("relay", [True, False], ids=["relay", "no-relay"])
+def test_a_store_outage_is_logged_once_when_it_starts_and_once_when_it_ends(durable_scenario, fault_proxy,
+                                                                             relay):
+    """Every part of the worker that meets the outage (claims of a limited task, its dispatcher and lease
+    renewals, durable runs, the relay and its LISTEN) tells the one outage tracker: one warning when it
+    starts, naming the error, one when it ends, saying how long it lasted; each failing call at debug."""
+    s, url = durable_scenario("postgresql", "redis")
+    proxy = fault_proxy(url)
+    worker = s.worker(app="tests.e2e.limitsapp", concurrency=2,
+                      conf=conf(proxy.url_for(url), durable_lease_ttl=2, durable_relay=relay)).wait_ready()
+    # One of each first, so every component holds store connections when the store goes away.
+    s.send_task("q", "limits.export", ["pre-x", 0.0])
+    s.send_task("q", "limits.stepped", ["pre-d"])
+    wait_for(lambda: len(s.labelled("end", "pre-")) == 2, timeout=15,
+             what="a limited and a durable run before the outage")
+    proxy.outage()
+    cut_at = time.monotonic()
+    exports = {s.send_task("q", "limits.export", [f"out-x{n}", 0.0]) for n in range(3)}
+    durables = {s.send_task("q", "limits.stepped", [f"out-d{n}"]) for n in range(3)}
+    wait_for(lambda: log_lines(worker.log(), "durable.store.unavailable"), timeout=LOGGED_OUTAGE_SECONDS,
+             what="the outage to be reported")
+    time.sleep(max(0.0, cut_at + LOGGED_OUTAGE_SECONDS - time.monotonic()))  # hold the outage open
+    assert not s.labelled("start", "out-x"), "a limited run started while the store could not count it"
+    proxy.restore()
+    wait_for(lambda: {e["id"] for e in s.labelled("end", "out-x")} == exports
+             and {e["id"] for e in s.labelled("end", "out-d")} == durables, timeout=30,
+             what="every run sent during the outage to end once the store is back")
+    wait_for(lambda: log_lines(worker.log(), "durable.store.available"), timeout=10,
+             what="the end of the outage to be reported")
+    log = worker.log()
+    down, up = log_lines(log, "durable.store.unavailable"), log_lines(log, "durable.store.available")
+    assert len(down) == 1 and len(up) == 1, down + up
+    # The failing calls were told at debug (not shown at -l info): no traceback, no failure line.
+    failures = [line for line in log.splitlines() if re.search(r"(WARNING|ERROR)/.*_(failed|unavailable)\b", line)
+                and "durable.store.unavailable" not in line]
+    assert failures == [] and "Traceback" not in log, failures[:3] + [f"{log.count('Traceback')} tracebacks"]
+    assert re.search(r"WARNING/.* error=OperationalError: .*(refused|closed the connection)", down[0]), down
+    lasted = re.search(r"lasted=([\d.]+)s", up[0])
+    assert lasted and LOGGED_OUTAGE_SECONDS - 2 <= float(lasted.group(1)) <= LOGGED_OUTAGE_SECONDS + 15, up
+    assert worker.terminate() == 0
