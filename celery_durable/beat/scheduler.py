@@ -45,6 +45,7 @@ from celery_durable.metrics import registry
 from celery_durable.outbox.relay import Relay
 from celery_durable.planning.beat_ticks import Fire, TickPlan, plan_ticks
 from celery_durable.store import beat as store
+from celery_durable.store.clock import store_now
 from celery_durable.store.engine import ensure_schema, store_url, unavailable_as_error
 from celery_durable.store.runs import now as utc_now
 from celery_durable.tasks import store_outage as outage
@@ -158,9 +159,8 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
 
     # -- a round ---------------------------------------------------------------------------
     def _round(self) -> float:
-        now = utc_now()
         try:
-            self._renew(now)
+            self._renew()
         except Exception as err:  # noqa: BLE001 - the store is down: lead nothing, try again shortly
             outage.failed(self.url, err, "durable.beat.renew_failed", level=logging.WARNING,
                           then="leading nothing; tried again next round")
@@ -220,7 +220,7 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             return
         self._next_prune = time.monotonic() + 3600.0
         with self._transaction() as conn:
-            if store.still_leads(conn, self.beat, self.holder, self.term or 0, utc_now()):
+            if store.still_leads(conn, self.beat, self.holder, self.term or 0, store_now(conn)):
                 store.prune_fires(conn, utc_now() - FIRES_KEPT)
 
     def _run_entry(self, entry: BeatEntry, state: store.EntryState) -> datetime | None:
@@ -256,7 +256,7 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         options = {**entry.options, "headers": headers}
         now = utc_now()
         with self._transaction() as conn:
-            if not store.still_leads(conn, self.beat, self.holder, self.term, now):
+            if not store.still_leads(conn, self.beat, self.holder, self.term, store_now(conn)):
                 self._lost("lease_moved", None)
                 return False
             if store.fire(conn, self.beat, entry.name, fire.tick, fire.watermark, task_id, self.term, now):
@@ -275,7 +275,7 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
     def _advance(self, entry: BeatEntry, plan: TickPlan) -> None:
         assert self.term is not None
         with self._transaction() as conn:
-            if store.still_leads(conn, self.beat, self.holder, self.term, utc_now()):
+            if store.still_leads(conn, self.beat, self.holder, self.term, store_now(conn)):
                 store.advance(conn, self.beat, entry.name, plan.watermark)
 
     def _publish(self) -> None:
@@ -289,10 +289,11 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
                           then="the sends wait in the outbox")
 
     # -- the lease -------------------------------------------------------------------------
-    def _renew(self, now: datetime) -> None:
+    def _renew(self) -> None:
         started = time.monotonic()
         with self._transaction() as conn:
-            term = store.lead(conn, self.beat, self.holder, self.ttl, now)
+            # The lease is written and compared in the store's clock, as every replica reads it.
+            term = store.lead(conn, self.beat, self.holder, self.ttl, store_now(conn))
         outage.available(self.url)
         if term is None:
             if self.term is not None:
@@ -314,7 +315,7 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             return False
         if time.monotonic() >= self._renew_at:
             try:
-                self._renew(utc_now())
+                self._renew()
             except Exception as err:  # noqa: BLE001 - cannot vouch for the lease: stop sending
                 outage.failed(self.url, err, "durable.beat.renew_failed", level=logging.WARNING,
                               then="no send until the lease is renewed")

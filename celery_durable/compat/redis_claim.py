@@ -136,6 +136,8 @@ end
 local again = {}
 local asks = {}
 local parked = {}
+-- Orders the held set within one pass (every tag of a pass shares its claim time).
+local held_seq = 0
 -- cjson refuses a \\u escape of a lone UTF-16 surrogate, which Python's json
 -- (kombu's) writes and reads back: Celery's argsrepr header keeps such a
 -- character from a task's arguments. Only the properties are read here, so an
@@ -165,7 +167,10 @@ local function pop(q, want)
       local tag = type(props) == 'table' and props['delivery_tag']
       if type(info) == 'table' and type(tag) == 'string' then
         redis.call('ZADD', KEYS[1], now, tag)
-        if KEYS[3] then redis.call('SADD', KEYS[3], tag) end
+        if KEYS[3] then
+          held_seq = held_seq + 1
+          redis.call('ZADD', KEYS[3], tonumber(now) + held_seq / 1000000, tag)
+        end
         redis.call('HSET', KEYS[2], tag,
           '[' .. item .. ',' .. cjson.encode(info['exchange']) .. ',' .. cjson.encode(info['routing_key']) .. ']')
         items[#items + 1] = item

@@ -5,16 +5,18 @@ exchange, routing_key]``) and index (tag → claim time), and puts it back once
 ``visibility_timeout`` (1 h by default) has passed, whoever held it. Beside
 those records each ``-P durable`` worker keeps:
 
-- ``unacked.durable_holders``: a sorted set of holder tokens by last
-  heartbeat, in Redis's own clock (``TIME`` inside a script), so no worker's
-  clock decides who is alive;
-- ``unacked.durable_held.<holder>``: the tags that holder claimed (the claim
-  script adds each as it records it unacked, in the same script).
+- ``unacked.durable_holders``: a sorted set of holder tokens by when each
+  one's heartbeat runs out (its last beat plus its own lease TTL: workers with
+  different TTLs share one set), in Redis's own clock (``TIME`` inside a
+  script), so no worker's clock decides who is alive;
+- ``unacked.durable_held.<holder>``: the tags that holder claimed, in claim
+  order (a sorted set: the claim script adds each as it records it unacked, in
+  the same script).
 
 (``unacked`` is kombu's unacked hash name, so apps configured with hashes of
 their own never judge each other's holders.)
 
-A holder whose heartbeat is older than the lease TTL is dead: any live worker
+A holder whose heartbeat ran out is dead: any live worker
 puts its records back at the head of their queues (kombu's ``restore_by_tag``,
 a WATCH transaction, so two restorers never both restore one tag). A tag in a
 live holder's set is never restored, whatever ``visibility_timeout`` says;
@@ -26,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+import redis
 
 from celery_durable.compat.redis_claim import key_prefix, unprefixed
 
@@ -43,51 +47,55 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 """
 
-# KEYS: holders, this holder's held set, the unacked hash. ARGV: holder.
+# KEYS: holders, this holder's held set, the unacked hash. ARGV: holder, its TTL.
 # The heartbeat, and the pruning of tags acked since the last one (kombu's
 # ack removes the unacked record, not our held-set entry).
 _BEAT_LUA = _NOW_LUA + """
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-for _, tag in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  if redis.call('HEXISTS', KEYS[3], tag) == 0 then redis.call('SREM', KEYS[2], tag) end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+for _, tag in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  if redis.call('HEXISTS', KEYS[3], tag) == 0 then redis.call('ZREM', KEYS[2], tag) end
 end
 return tostring(now)
 """
 
-# KEYS: holders. ARGV: ttl. The holders whose last heartbeat is older than ttl.
+# KEYS: holders. The holders whose heartbeat ran out.
 _DEAD_LUA = _NOW_LUA + """
-return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. tostring(now - tonumber(ARGV[1])))
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. tostring(now))
 """
 
-# KEYS: holders, the dead holder's held set. ARGV: holder, ttl. Forget a holder
+# KEYS: holders, the dead holder's held set. ARGV: holder. Forget a holder
 # whose records were restored, unless it beat again meanwhile (a stopped
 # process resumed): then it keeps its entry and its set.
 _FORGET_LUA = _NOW_LUA + """
-local beat = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if beat and tonumber(beat) >= now - tonumber(ARGV[2]) then return 0 end
+local runs_out = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if runs_out and tonumber(runs_out) >= now then return 0 end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[2])
 return 1
 """
 
 # KEYS: unacked index, holders. ARGV: ceiling (claim time before which a record
-# is past visibility_timeout, in the claimers' clock, as kombu compares it), ttl,
+# is past visibility_timeout, in the claimers' clock, as kombu compares it),
 # how many at most, the held-set key prefix. The expired tags no live holder
 # holds, newest first (kombu's restore order: each goes to the head, so the
 # oldest ends up first).
 _EXPIRED_LUA = _NOW_LUA + """
-local live = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. tostring(now - tonumber(ARGV[2])), '+inf')
-local expired = redis.call('ZREVRANGEBYSCORE', KEYS[1], ARGV[1], '-inf', 'LIMIT', 0, tonumber(ARGV[3]))
+local live = redis.call('ZRANGEBYSCORE', KEYS[2], tostring(now), '+inf')
+local expired = redis.call('ZREVRANGEBYSCORE', KEYS[1], ARGV[1], '-inf', 'LIMIT', 0, tonumber(ARGV[2]))
 local free = {}
 for _, tag in ipairs(expired) do
   local held = false
   for _, holder in ipairs(live) do
-    if redis.call('SISMEMBER', ARGV[4] .. holder, tag) == 1 then held = true break end
+    if redis.call('ZSCORE', ARGV[3] .. holder, tag) then held = true break end
   end
   if not held then free[#free + 1] = tag end
 end
 return free
 """
+
+
+class HeldSetUnreadable(Exception):
+    """A dead holder's held-set key holds something other than a held set."""
 
 
 class HolderKeys:
@@ -117,37 +125,52 @@ class HolderScripts:
         self._forget = self.client.register_script(_FORGET_LUA)
         self._expired = self.client.register_script(_EXPIRED_LUA)
 
-    def beat(self, holder: str) -> float:
-        """Record ``holder`` alive now (Redis's clock), pruning its held set of acked tags; returns that time."""
+    def beat(self, holder: str, ttl: float) -> float:
+        """Record ``holder`` alive for ``ttl`` from now (Redis's clock), pruning its held set of acked tags.
+
+        Returns Redis's now."""
         keys = self.keys
-        return float(self._beat(keys=[keys.holders, keys.held(holder), keys.unacked], args=[holder]))
+        return float(self._beat(keys=[keys.holders, keys.held(holder), keys.unacked], args=[holder, repr(ttl)]))
 
     def leave(self, holder: str) -> None:
         """Mark ``holder`` dead at once (a clean stop): whatever it still holds is restored by the next scan."""
         self.client.zadd(self.keys.holders, {holder: 0})
 
-    def dead(self, ttl: float) -> list[str]:
-        return [_text(h) for h in self._dead(keys=[self.keys.holders], args=[repr(ttl)])]
+    def dead(self) -> list[str]:
+        """The holders whose heartbeat ran out (each by its own TTL)."""
+        return [_text(h) for h in self._dead(keys=[self.keys.holders], args=[])]
 
     def held_tags_oldest_last(self, holder: str) -> list[str]:
-        """The tags ``holder`` held that are still unacked, newest claim first (the order to restore them in)."""
-        tags = [_text(t) for t in self.client.smembers(self.keys.held(holder))]
+        """The tags ``holder`` held that are still unacked, newest claim first (the order to restore them in).
+
+        Raises HeldSetUnreadable when the key is not a held set (written by something else).
+        """
+        try:
+            tags = [_text(t) for t in self.client.zrange(self.keys.held(holder), 0, -1, desc=True)]
+        except redis.exceptions.ResponseError as exc:
+            raise HeldSetUnreadable(f"{self.keys.held(holder)}: {exc}") from exc
         if not tags:
             return []
         with self.client.pipeline(transaction=False) as pipe:
             for tag in tags:
-                pipe.zscore(self.keys.unacked_index, tag)
-            scores = pipe.execute()
-        claimed = [(score, tag) for tag, score in zip(tags, scores) if score is not None]
-        return [tag for _, tag in sorted(claimed, reverse=True)]
+                pipe.hexists(self.keys.unacked, tag)
+            still = pipe.execute()
+        return [tag for tag, unacked in zip(tags, still) if unacked]
 
-    def forget(self, holder: str, ttl: float) -> bool:
-        return bool(self._forget(keys=[self.keys.holders, self.keys.held(holder)], args=[holder, repr(ttl)]))
+    def discard(self, holder: str) -> None:
+        """Drop ``holder`` and its held set whatever they hold (its records then follow kombu's rule)."""
+        with self.client.pipeline() as pipe:
+            pipe.zrem(self.keys.holders, holder)
+            pipe.delete(self.keys.held(holder))
+            pipe.execute()
 
-    def expired_unheld(self, ceiling: float, ttl: float, limit: int) -> list[str]:
+    def forget(self, holder: str) -> bool:
+        return bool(self._forget(keys=[self.keys.holders, self.keys.held(holder)], args=[holder]))
+
+    def expired_unheld(self, ceiling: float, limit: int) -> list[str]:
         keys = self.keys
         found = self._expired(keys=[keys.unacked_index, keys.holders],
-                              args=[repr(ceiling), repr(ttl), limit, keys.held_prefix])
+                              args=[repr(ceiling), limit, keys.held_prefix])
         return [_text(t) for t in found]
 
     def restore(self, tags: Sequence[str]) -> None:

@@ -9,6 +9,7 @@ import uuid
 from time import monotonic
 
 from celery_durable.store import limits, runs
+from celery_durable.store.clock import store_now
 from celery_durable.store.engine import autocommit, engine_for, unavailable_as_error
 from celery_durable.tasks import store_outage as outage
 
@@ -139,7 +140,7 @@ class LeaseKeeper:
         try:
             with unavailable_as_error(url), autocommit(engine_for(url)).connect() as conn:
                 for holder, ttl in holders.items():
-                    limits.renew(conn, holder, ttl, runs.now())
+                    limits.renew(conn, holder, ttl, store_now(conn))
         except Exception as err:  # noqa: BLE001 - the next beat tries again; a lease outlives a few missed beats
             outage.failed(url, err, "durable.limit.renew_failed")
             return

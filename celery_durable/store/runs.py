@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from celery_durable.store.clock import store_now
 from celery_durable.store.schema import (
     CANCELLED,
     DEAD,
@@ -78,6 +79,10 @@ class Run:
 
 
 def now() -> datetime:
+    """This host's wall clock: for what no other process compares (retention cutoffs, reports).
+
+    Leases are written and compared in the store's clock instead (:func:`store_now`).
+    """
     return datetime.now(timezone.utc)
 
 
@@ -133,7 +138,7 @@ def begin_attempt(conn: Connection, *, run_id: str, task_name: str, queue: str |
     settled, live under another attempt, or sleeping until its own wake-up.
     """
     _require_supported(conn)
-    at = now()
+    at = store_now(conn)
     row = conn.execute(_BEGIN_ATTEMPT, {
         "id": run_id, "task_name": task_name, "queue": queue, "args": args, "kwargs": kwargs,
         "at": at, "token": token, "expires": at + timedelta(seconds=lease_seconds), "resume": resume,
@@ -151,7 +156,7 @@ def renew(conn: Connection, leases: dict[str, str], lease_seconds: float) -> set
     """Push out the expiry of the leases ``{run_id: token}`` still held; returns the run ids renewed."""
     if not leases:
         return set()
-    expires = now() + timedelta(seconds=lease_seconds)
+    expires = store_now(conn) + timedelta(seconds=lease_seconds)
     renewed: set[str] = set()
     # One UPDATE per token would cost a round trip per run: the ids select the
     # rows by primary key and the tokens are checked on what comes back.
@@ -179,7 +184,7 @@ def hand_off_to_sleep(conn: Connection, run_id: str, token: str, wake_at: dateti
     """
     result = conn.execute(
         sa.update(runs).where(runs.c.id == run_id, runs.c.lease_holder == token, runs.c.state == RUNNING)
-        .values(state=SLEEPING, lease_expires_at=None, wake_at=wake_at, updated_at=now())
+        .values(state=SLEEPING, lease_expires_at=None, wake_at=wake_at, updated_at=store_now(conn))
     )
     return bool(result.rowcount == 1)
 
@@ -228,7 +233,7 @@ def settle(conn: Connection, run: Run, state: str, *, result: str | None = None,
     first outcome stands. ``error=None`` keeps the last error: a run that
     succeeded on a retry still shows what failed before.
     """
-    at = now()
+    at = store_now(conn)
     values: dict[str, Any] = {"state": state, "result": result, "updated_at": at,
                               "finished_at": at if state in SETTLED else None,
                               "lease_holder": None, "lease_expires_at": None}
@@ -252,7 +257,7 @@ def cancel(conn: Connection, *, run_id: str, task_name: str, queue: str | None, 
     """
     _require_supported(conn)
     insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    at = now()
+    at = store_now(conn)
     # Built per call (not cached like begin_attempt's): a cancel is rare.
     stmt = insert(runs).values(
         id=run_id, task_name=task_name, queue=queue, state=CANCELLED, attempts=0, args=args,
@@ -283,7 +288,7 @@ def reopen(conn: Connection, run_id: str, at: datetime) -> bool:
                        sa.or_(runs.c.lease_holder.is_(None), runs.c.lease_expires_at <= at))
     result = conn.execute(
         sa.update(runs).where(runs.c.id == run_id, sa.or_(runs.c.state == DEAD, stranded))
-        .values(state=FAILED, finished_at=None, updated_at=now(), lease_holder=None, lease_expires_at=None,
+        .values(state=FAILED, finished_at=None, updated_at=store_now(conn), lease_holder=None, lease_expires_at=None,
                 lost_attempts=0)
     )
     return bool(result.rowcount == 1)

@@ -29,6 +29,7 @@ from celery_durable.planning import run_admission
 from celery_durable.planning.checkpoints import Ledger, check_run_id, encode, from_json
 from celery_durable.planning.run_admission import BURY, DUPLICATE, RUN, RowView
 from celery_durable.store import runs, steps
+from celery_durable.store.clock import store_now
 from celery_durable.store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
 from celery_durable.store.runs import Run
 from celery_durable.store.schema import DEAD, FAILED, SETTLED, SLEEPING, SUCCEEDED
@@ -103,7 +104,7 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
     verdict = run_admission.admit(
         RowView(run.state, run.lease_holder, run.lease_expiry, run.lost_attempts), started=started,
         settled_states=SETTLED, sleeping_state=SLEEPING, retries=int(request.retries or 0),
-        max_retries=_max_retries(task), at=runs.now(),
+        max_retries=_max_retries(task), at=store_now(conn),
     )
     if verdict.kind != RUN:
         try:

@@ -17,13 +17,13 @@ holds are skipped; SQLite: the store's one writer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from celery_durable.leases.keeper import new_token
 from celery_durable.metrics import jobs
 from celery_durable.store import runs as store_runs
+from celery_durable.store.clock import store_now
 from celery_durable.store.engine import engine_for, store_exists, unavailable_as_error
 from celery_durable.store.runs import Run
 from celery_durable.store.schema import SLEEPING
@@ -39,19 +39,26 @@ BATCH = 100
 RECOVERY_LOCK = 7296303
 
 
+def touch(url: str) -> None:
+    """Reach the store (``SELECT 1``); raises StoreUnavailable when it does not answer."""
+    if not store_exists(url):
+        return
+    with unavailable_as_error(url), engine_for(url).connect() as conn:
+        conn.exec_driver_sql("SELECT 1")
+
+
 def stranded_before(now: datetime, lease_ttl: float) -> datetime:
     """A lease that lapsed (or a wake-up due) before this was given a TTL for a delivery to take it over."""
     return now - timedelta(seconds=lease_ttl)
 
 
-def recover_stranded(app: Any, url: str, lease_ttl: float, *,
-                     now: Callable[[], datetime] = store_runs.now) -> list[Run]:
+def recover_stranded(app: Any, url: str, lease_ttl: float) -> list[Run]:
     """Send every stranded run again (in batches); returns the runs sent."""
     if not store_exists(url):
         return []
     recovered: list[Run] = []
     while True:
-        batch = _recover_batch(app, url, stranded_before(now(), lease_ttl), now)
+        batch = _recover_batch(app, url, lease_ttl)
         recovered += batch
         for run in batch:
             jobs.count(run.queue, "recovered")
@@ -64,15 +71,17 @@ def recover_stranded(app: Any, url: str, lease_ttl: float, *,
             return recovered
 
 
-def _recover_batch(app: Any, url: str, before: datetime, now: Callable[[], datetime]) -> list[Run]:
+def _recover_batch(app: Any, url: str, lease_ttl: float) -> list[Run]:
     with unavailable_as_error(url), engine_for(url).begin() as conn:
         if conn.dialect.name == "postgresql" and not conn.exec_driver_sql(
                 f"SELECT pg_try_advisory_xact_lock({RECOVERY_LOCK})").scalar():
             return []  # another process is sweeping
         sent: list[Run] = []
-        for run in store_runs.stranded(conn, before, BATCH):
+        # Lease expiries are in the store's clock: so is the bound they are compared with.
+        now = store_now(conn)
+        for run in store_runs.stranded(conn, stranded_before(now, lease_ttl), BATCH):
             token = new_token()
-            if not store_runs.hand_off_to_resend(conn, run, token, now()):
+            if not store_runs.hand_off_to_resend(conn, run, token, now):
                 continue
             # Inside the transaction that holds the row: a worker that gets the message at once waits
             # for the hand-off to commit, and a failed publish leaves the run as it was.

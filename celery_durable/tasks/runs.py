@@ -8,6 +8,7 @@ from typing import Any
 from celery_durable.errors import RunNotDead, RunNotFound, RunSettled
 from celery_durable.planning.checkpoints import from_json
 from celery_durable.store import runs as store_runs
+from celery_durable.store.clock import store_now
 from celery_durable.store.engine import ensure_schema, store_url, unavailable_as_error
 from celery_durable.store.runs import Run
 
@@ -54,8 +55,8 @@ def requeue(run_id: str, *, app: Any = None) -> Run:
     eager = bool(app.conf.task_always_eager)
     with unavailable_as_error(url), engine.begin() as conn:
         run = _found(conn, run_id)
-        if not store_runs.reopen(conn, run_id, store_runs.now()):
-            held = " under a live lease" if run.lease_live(store_runs.now()) else ""
+        if not store_runs.reopen(conn, run_id, store_now(conn)):
+            held = " under a live lease" if run.lease_live(store_now(conn)) else ""
             raise RunNotDead(f"run {run_id} is {run.state}{held}; only a dead run, or one left running "
                              f"under an expired lease, can be requeued")
         if not eager:

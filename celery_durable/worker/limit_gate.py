@@ -44,9 +44,9 @@ from celery_durable.planning.limit_declarations import (
 from celery_durable.planning.limits import BACK, DROP, FAIL, RUN, WAIT, Decision, LimitAsk, RunRoom
 from celery_durable.planning.queue_age import SENT_AT_HEADER
 from celery_durable.store import limits as store
+from celery_durable.store.clock import engine_now, store_now
 from celery_durable.store.engine import autocommit, engine_for, ensure_schema, unavailable_as_error
 from celery_durable.store.notify import Waker
-from celery_durable.store.runs import now as utc_now
 from celery_durable.tasks import store_outage as outage
 
 logger = logging.getLogger("celery_durable.limits")
@@ -94,13 +94,15 @@ class LimitGate:
     """Takes and gives back the fleet-limit leases of one worker's runs."""
 
     def __init__(self, app: Any, limits: Mapping[str, TaskLimits], *, url: str, lease_ttl: float,
-                 clock: Callable[[], datetime] = utc_now) -> None:
+                 clock: Callable[[], datetime] | None = None) -> None:
         self.app = app
         self.limits = dict(limits)
         self.url = url
         self.lease_ttl = lease_ttl
         #: This worker process: every lease it takes names it, so one statement renews them all.
         self.holder = new_token()
+        #: Leases and rate turns are written and compared in the store's clock (store/clock.py) unless a
+        #: test gives a clock of its own.
         self._clock = clock
         self._grants: dict[str, Grant] = {}
         self._lock = threading.Lock()
@@ -191,7 +193,7 @@ class LimitGate:
         parked = [_parked(items[index][0], ask.task_id, items[index][1]) for index, ask, _ in asks]
         with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
             decisions, made_ready = store.take_batch(conn, [ask for _, ask, _ in asks], parked, holder=self.holder,
-                                                     ttl=self.lease_ttl, now=self._clock(), room=room)
+                                                     ttl=self.lease_ttl, now=self.now_in(conn), room=room)
         outage.available(self.url)
         wake = made_ready > 0
         self._remember_busy([decision.busy for decision in decisions if decision.busy is not None])
@@ -232,7 +234,7 @@ class LimitGate:
         try:
             with unavailable_as_error(self.url), autocommit(engine_for(self.url)).connect() as conn:
                 taken, waiters = store.exchange(conn, returns, asks, holder=self.holder, ttl=self.lease_ttl,
-                                                now=self._clock())
+                                                now=self.now_in(conn))
         except Exception:
             with self._lock:
                 self._ended[:0] = returns  # not given back: the next call (or the dispatcher's round) tries
@@ -310,7 +312,7 @@ class LimitGate:
         """The general store transaction of :meth:`release`, for several returns at once."""
         try:
             with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
-                made_ready = store.release(conn, returns, holder=self.holder, ttl=self.lease_ttl, now=self._clock())
+                made_ready = store.release(conn, returns, holder=self.holder, ttl=self.lease_ttl, now=self.now_in(conn))
         except Exception as err:  # noqa: BLE001 - reported, and tried again: the heartbeat would keep them held
             retry = self.dispatcher is not None and self.dispatcher.running
             outage.failed(self.url, err, "durable.limit.release_failed", level=logging.WARNING,
@@ -336,7 +338,12 @@ class LimitGate:
         return out
 
     def now(self) -> datetime:
-        return self._clock()
+        """Now in the store's clock, outside a transaction (a connection only to read it again)."""
+        return self._clock() if self._clock is not None else engine_now(engine_for(self.url))
+
+    def now_in(self, conn: Any) -> datetime:
+        """Now in the store's clock, read on ``conn`` when it is due for reading (no second connection)."""
+        return self._clock() if self._clock is not None else store_now(conn)
 
     def wake_dispatcher(self) -> None:
         if self.dispatcher is not None:
@@ -351,7 +358,7 @@ class LimitGate:
         try:
             with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
                 store.release_holder(conn, self.holder)
-                store.sweep(conn, self.scope_limits(), self.lease_ttl, self._clock())
+                store.sweep(conn, self.scope_limits(), self.lease_ttl, self.now_in(conn))
         except Exception as err:  # noqa: BLE001 - the leases expire one TTL after the last renewal
             outage.failed(self.url, err, "durable.limit.close_failed", level=logging.WARNING,
                           then="its leases expire one TTL after their last renewal")
@@ -360,7 +367,8 @@ class LimitGate:
         """Write this worker's limits to the store (the lowest live one applies fleet-wide); log, once per
         task and option, any other worker declaring another value (a rolling deploy changing a limit)."""
         mine = self.scope_limits()
-        for pair, (lowest, highest) in store.declare(conn, self.holder, mine, self.lease_ttl, self._clock()).items():
+        declared = store.declare(conn, self.holder, mine, self.lease_ttl, self.now_in(conn))
+        for pair, (lowest, highest) in declared.items():
             if lowest == highest or pair in self._differ_logged:
                 continue
             self._differ_logged.add(pair)
@@ -495,7 +503,7 @@ class LimitDispatcher:
     def publish_ready(self) -> bool:
         """Publish one batch of due parked messages; True if the batch was full (more may be due)."""
         with engine_for(self.gate.url).begin() as conn:
-            ready = store.claim_ready(conn, self.batch_size, self.gate.now())
+            ready = store.claim_ready(conn, self.batch_size, self.gate.now_in(conn))
             if not ready:
                 return False
             with self.gate.app.producer_or_acquire() as producer:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from time import monotonic
 from typing import Any
 
 from celery import bootsteps
 
 from celery_durable.compat.worker_state import shutdown_requested
-from celery_durable.errors import StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -44,16 +44,28 @@ class RunRecovery(bootsteps.StartStopStep):
         self.thread.start()
 
     def _run(self, app: Any, url: str, lease_ttl: float, interval: float) -> None:
-        from celery_durable.tasks.recovery import recover_stranded
+        from celery_durable.tasks import store_outage as outage
+        from celery_durable.tasks.recovery import recover_stranded, touch
 
-        while not self._stopped.wait(interval):
+        # Since when this worker has reached the store without a break. After an outage every lease
+        # is old, the live attempts' too: they get a TTL to renew before any run is judged stranded.
+        reachable_since: float | None = None
+        wait = 0.0  # the first look at once: a worker's TTL of waiting starts when it boots
+        while not self._stopped.wait(wait):
+            wait = interval
             try:
-                recover_stranded(app, url, lease_ttl)
-            except StoreUnavailable as exc:
-                # The store's outage is reported where it is tracked; the next sweep tries again.
-                logger.debug("durable.recovery.store_unavailable error=%s", exc)
-            except Exception:  # noqa: BLE001 - the worker keeps running; the next sweep tries again
-                logger.exception("durable.recovery.failed")
+                if reachable_since is not None and monotonic() - reachable_since >= lease_ttl:
+                    recover_stranded(app, url, lease_ttl)
+                else:
+                    touch(url)
+                    reachable_since = reachable_since if reachable_since is not None else monotonic()
+            except Exception as err:  # noqa: BLE001 - the worker keeps running; the next sweep tries again
+                reachable_since = None
+                # An unreachable store is one line per outage (the tracker's); anything else is loud.
+                outage.failed(url, err, "durable.recovery.failed", level=logging.WARNING,
+                              then="tried again at the next sweep")
+            else:
+                outage.available(url)
 
     def stop(self, c: Any) -> None:
         if shutdown_requested():

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from time import time
+from collections.abc import Callable, Iterable
+from time import monotonic, time
 from typing import Any
 
 from celery_durable.compat.redis_claim import renew_unacked
-from celery_durable.compat.redis_holders import HolderScripts, held_key, restore_limit, visibility_timeout
+from celery_durable.compat.redis_holders import (
+    HeldSetUnreadable,
+    HolderScripts,
+    held_key,
+    restore_limit,
+    visibility_timeout,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +42,16 @@ class RedisRestorer:
     worker never restores them either.
     """
 
-    def __init__(self, channel: Any, interval: float, holder: str, lease_ttl: float) -> None:
+    def __init__(self, channel: Any, interval: float, holder: str, lease_ttl: float,
+                 clock: Callable[[], float] = monotonic) -> None:
         self._channel = channel
         self.interval = interval
         self.holder = holder
         self.lease_ttl = lease_ttl
         self._scripts: HolderScripts | None = None
+        self._clock = clock
+        #: Since when this worker's beats have reached Redis without a break (None: the last one failed).
+        self._beating_since: float | None = None
 
     @classmethod
     def for_connection(cls, connection: Any, interval: float, holder: str, lease_ttl: float) -> RedisRestorer | None:
@@ -71,17 +81,40 @@ class RedisRestorer:
         """Say this worker is alive, then put back what dead holders held."""
         try:
             scripts = self._holder_scripts()
-            scripts.beat(self.holder)
-            for dead in scripts.dead(self.lease_ttl):
+            scripts.beat(self.holder, self.lease_ttl)
+            if self._beating_since is None:
+                self._beating_since = self._clock()
+            if not self._may_judge():
+                return
+            for dead in scripts.dead():
                 self._restore_holder(scripts, dead)
         except self._channel.connection_errors as exc:
+            self._beating_since = None
             logger.warning("durable.redis.heartbeat_failed error=%s", exc,
                            extra={"event": "durable.redis.heartbeat_failed", "error": repr(exc)})
 
+    def _may_judge(self) -> bool:
+        """Whether this worker has beaten for a whole TTL without a break.
+
+        After Redis was away (or this worker was cut off from it) every holder's
+        last beat is old, the live ones' too: they are judged only once each has
+        had a TTL to beat again. A worker just started waits the same TTL.
+        """
+        return self._beating_since is not None and self._clock() - self._beating_since >= self.lease_ttl
+
     def _restore_holder(self, scripts: HolderScripts, dead: str) -> None:
-        tags = scripts.held_tags_oldest_last(dead)
+        try:
+            tags = scripts.held_tags_oldest_last(dead)
+        except HeldSetUnreadable as exc:
+            # Not ours to read: dropped once, so it costs one line, not one per beat. Whatever it
+            # held unacked comes back by kombu's visibility timeout.
+            scripts.discard(dead)
+            logger.warning("durable.redis.holder_unreadable holder=%s error=%s: dropped; its unacked messages "
+                           "come back after visibility_timeout", dead, exc,
+                           extra={"event": "durable.redis.holder_unreadable", "holder": dead})
+            return
         scripts.restore(tags)
-        if scripts.forget(dead, self.lease_ttl) and tags:
+        if scripts.forget(dead) and tags:
             logger.warning("durable.redis.restored_dead_holder holder=%s messages=%d: its heartbeat stopped; "
                            "what it held is back at the head of its queues", dead, len(tags),
                            extra={"event": "durable.redis.restored_dead_holder", "holder": dead,
@@ -89,10 +122,12 @@ class RedisRestorer:
 
     def restore(self) -> None:
         """kombu's restore of claims past ``visibility_timeout``, but never one a live holder holds."""
+        if not self._may_judge():
+            return  # which holders are live is not known yet: restore nothing a live one may hold
         try:
             scripts = self._holder_scripts()
             ceiling = time() - visibility_timeout(self._channel)
-            scripts.restore(scripts.expired_unheld(ceiling, self.lease_ttl, restore_limit(self._channel)))
+            scripts.restore(scripts.expired_unheld(ceiling, restore_limit(self._channel)))
         except self._channel.connection_errors:
             logger.warning("durable.redis.restore_failed", exc_info=True)
 

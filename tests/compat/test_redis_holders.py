@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from celery_durable.compat import redis_claim
-from celery_durable.compat.redis_holders import HolderScripts, held_key
+from celery_durable.compat.redis_holders import HeldSetUnreadable, HolderScripts, held_key
 from celery_durable.worker.parking import PARKED_SUFFIX
 from tests.compat.test_redis_claim import RedisQueue, redis_queue  # noqa: F401 - redis_queue is a fixture
 from tests.e2e.harness import wait_for
@@ -58,27 +58,27 @@ def test_a_dead_holders_claims_come_back_in_order_ahead_of_newer_ones_and_a_live
     q, scripts = holders_of()
     for body in ("m1", "m2", "m3", "m4"):
         q.publish(body)
-    scripts.beat("dead")
-    scripts.beat("alive")
+    scripts.beat("dead", TTL)
+    scripts.beat("alive", TTL)
     held_by_dead = claim_as(q, "dead", 2)
     held_by_live = claim_as(q, "alive", 1)
     q.publish("m5")  # sent while they were held
     assert [m.decode() for m in held_by_dead + held_by_live] == ["m1", "m2", "m3"]
 
     # "alive" keeps beating; "dead" stops (after one last beat). Nothing is restored before a TTL has passed.
-    scripts.beat("dead")
-    assert scripts.dead(TTL) == []
+    scripts.beat("dead", TTL)
+    assert scripts.dead() == []
     deadline = time.monotonic() + 10
-    while not scripts.dead(TTL):
-        scripts.beat("alive")
+    while not scripts.dead():
+        scripts.beat("alive", TTL)
         assert time.monotonic() < deadline, "the silent holder was never found dead"
         time.sleep(0.05)  # the beat's cadence, not a synchronisation: the loop ends on dead() itself
-    assert scripts.dead(TTL) == ["dead"]
+    assert scripts.dead() == ["dead"]
     tags = scripts.held_tags_oldest_last("dead")
     assert tags == [held_by_dead[1].delivery_tag, held_by_dead[0].delivery_tag]
     scripts.restore(tags)
-    assert scripts.forget("dead", TTL)
-    assert scripts.dead(TTL) == []
+    assert scripts.forget("dead")
+    assert scripts.dead() == []
     assert q.client.exists(held_key(q.channel, "dead")) == 0
 
     # The dead holder's two at the head, in their order, then the rest; the live holder's stays unacked.
@@ -91,12 +91,12 @@ def test_past_the_visibility_timeout_only_records_no_live_holder_holds_are_resto
     q, scripts = holders_of(visibility_timeout=0)
     for body in ("live", "stock"):
         q.publish(body)
-    scripts.beat("alive")
+    scripts.beat("alive", TTL)
     [live] = claim_as(q, "alive", 1)
     # A stock worker's claim: in no held set (kombu's own get, as a mixed fleet has).
     items, [stock_tag], _ = q.claim(1)
     claimed_before = time.time() + 1  # every claim so far is past a visibility timeout of 0
-    restorable = scripts.expired_unheld(claimed_before, TTL, -1)
+    restorable = scripts.expired_unheld(claimed_before, -1)
     assert restorable == [stock_tag.decode()]
     scripts.restore(restorable)
     assert queued(q) == ["stock"]
@@ -107,13 +107,13 @@ def test_a_holder_that_beats_again_before_it_is_forgotten_keeps_its_entry(
         holders_of: Callable[..., tuple[RedisQueue, HolderScripts]]) -> None:
     q, scripts = holders_of()
     q.publish("m1")
-    scripts.beat("paused")
+    scripts.beat("paused", TTL)
     claim_as(q, "paused", 1)
-    wait_for(lambda: scripts.dead(TTL) == ["paused"], timeout=10, what="the paused holder to be found dead",
+    wait_for(lambda: scripts.dead() == ["paused"], timeout=10, what="the paused holder to be found dead",
              every=0.05)
-    scripts.beat("paused")  # resumed (a SIGSTOP ended) between the scan and the forget
-    assert not scripts.forget("paused", TTL)
-    assert q.client.scard(held_key(q.channel, "paused")) == 1
+    scripts.beat("paused", TTL)  # resumed (a SIGSTOP ended) between the scan and the forget
+    assert not scripts.forget("paused")
+    assert q.client.zcard(held_key(q.channel, "paused")) == 1
 
 
 def test_a_beat_prunes_acked_tags_from_the_held_set_and_leave_marks_the_holder_dead_at_once(
@@ -121,14 +121,14 @@ def test_a_beat_prunes_acked_tags_from_the_held_set_and_leave_marks_the_holder_d
     q, scripts = holders_of()
     q.publish("acked")
     q.publish("held")
-    scripts.beat("w")
+    scripts.beat("w", TTL)
     acked, held = claim_as(q, "w", 2)
     acked.ack()
-    assert q.client.scard(held_key(q.channel, "w")) == 2
-    scripts.beat("w")
-    assert [m.decode() for m in q.client.smembers(held_key(q.channel, "w"))] == [held.delivery_tag]
+    assert q.client.zcard(held_key(q.channel, "w")) == 2
+    scripts.beat("w", TTL)
+    assert [m.decode() for m in q.client.zrange(held_key(q.channel, "w"), 0, -1)] == [held.delivery_tag]
     scripts.leave("w")
-    assert scripts.dead(TTL) == ["w"]
+    assert scripts.dead() == ["w"]
     assert scripts.held_tags_oldest_last("w") == [held.delivery_tag]
 
 
@@ -136,6 +136,28 @@ def test_holders_live_behind_the_global_keyprefix_and_beside_their_own_unacked_h
         holders_of: Callable[..., tuple[RedisQueue, HolderScripts]]) -> None:
     prefix = "compat-holders:"
     q, scripts = holders_of(global_keyprefix=prefix)
-    scripts.beat("w")
+    scripts.beat("w", TTL)
     assert scripts.keys.holders == f"{prefix}{q.channel.qos.unacked_key}.durable_holders"
     assert q.client.zscore(scripts.keys.holders, "w") is not None
+
+
+def test_each_holder_is_judged_by_its_own_ttl(holders_of: Callable[..., tuple[RedisQueue, HolderScripts]]) -> None:
+    """A fleet mixing lease TTLs (a rolling config change, two apps on one Redis): a worker beating every 10 s
+    under a 30 s TTL is alive to a judge whose own TTL is 1.5 s."""
+    q, scripts = holders_of()
+    scripts.beat("slow-beater", 30.0)
+    scripts.beat("quick", TTL)
+    wait_for(lambda: scripts.dead() == ["quick"], timeout=10, what="the quick holder's TTL to run out",
+             every=0.05)
+    assert "slow-beater" not in scripts.dead()
+
+
+def test_a_held_key_of_another_type_is_unreadable_and_can_be_discarded(
+        holders_of: Callable[..., tuple[RedisQueue, HolderScripts]]) -> None:
+    q, scripts = holders_of()
+    scripts.leave("stranger")
+    q.client.sadd(held_key(q.channel, "stranger"), "tag")  # not a held set: some other writer's key
+    with pytest.raises(HeldSetUnreadable):
+        scripts.held_tags_oldest_last("stranger")
+    scripts.discard("stranger")
+    assert scripts.dead() == [] and q.client.exists(held_key(q.channel, "stranger")) == 0

@@ -132,12 +132,12 @@ class Scenario:
     def worker(self, *, conf: dict[str, Any] | None = None, queues: Sequence[str] | None = None,
                pool: str | None = "durable", concurrency: int | None = 2,
                extra_args: Sequence[str] = (), app: str = "tests.e2e.e2eapp",
-               broker_url: str | None = None) -> WorkerProcess:
+               broker_url: str | None = None, env: dict[str, str] | None = None) -> WorkerProcess:
         """``pool=None`` leaves out ``-P`` (the app's ``worker_pool`` decides); ``broker_url`` replaces
-        the scenario's for this worker alone (e.g. through a fault proxy)."""
+        the scenario's for this worker alone (e.g. through a fault proxy); ``env``: more environment."""
         names = list(queues) if queues is not None else list(self.queue_names)
         worker = WorkerProcess(self, [self.by_name[n] for n in names], conf or {}, pool,
-                               concurrency, list(extra_args), app=app, broker_url=broker_url)
+                               concurrency, list(extra_args), app=app, broker_url=broker_url, env=env)
         self._workers.append(worker)
         return worker
 
@@ -191,11 +191,12 @@ class WorkerProcess:
 
     def __init__(self, scenario: Scenario, queues: list[str], conf: dict[str, Any], pool: str | None,
                  concurrency: int | None, extra_args: list[str], *,
-                 app: str = "tests.e2e.e2eapp", broker_url: str | None = None) -> None:
+                 app: str = "tests.e2e.e2eapp", broker_url: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.scenario = scenario
         self.name = f"w{uuid.uuid4().hex[:6]}@%h"
         self.log_path = Path(os.environ.get("E2E_LOG_DIR", "/tmp")) / f"e2e-{uuid.uuid4().hex[:8]}.log"
-        env = _child_env(scenario, conf, broker_url)
+        env = _child_env(scenario, conf, broker_url, **(env or {}))
         args = [sys.executable, "-m", "celery", "-A", app, "worker",
                 *(["-P", pool] if pool is not None else []), "-Q", ",".join(queues), "-n", self.name,
                 "--without-mingle", "--without-gossip", "-l", "info", *extra_args]

@@ -1,9 +1,9 @@
 """A killed worker's held runs run again within 2 × ``durable_lease_ttl``, on every broker, with the broker's
 default settings (Redis: kombu's 1-hour ``visibility_timeout``): liveness decides, not a broker timer.
 
-A ``-P durable`` worker holds a plain ``acks_late`` task and a 3-step durable task, both mid-run, when it is
-SIGKILLed; a second worker, already running a long durable run of its own, takes them over. The live run is
-never restored or run twice.
+A ``-P durable`` worker holds a plain ``acks_late`` task and a 3-step durable task, both mid-run, and a durable
+sleep's wake-up, when it is SIGKILLed; a second worker, already running a long durable run of its own, takes
+them over. The live run is never restored or run twice.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ def test_a_killed_workers_runs_finish_within_two_lease_ttls_and_a_live_run_is_le
     s, url = durable_scenario("postgresql", broker_kind)
     settings = conf(url, durable_lease_ttl=TTL)
     victim = s.worker(app=APP, conf=settings, concurrency=2).wait_ready()
+    # A durable sleep whose wake-up (an ETA message) the victim holds when it dies.
+    sleeper_id = s.send_task("q", "durable.sleeper", ["sleeper", 2 * TTL])
+    victim.wait_durable(lambda st: st["scheduled"] == 1, timeout=20, what="the victim to hold the wake-up")
     plain_id = s.send_task("q", "durable.plain_held", ["plain"])
     durable_id = s.send_task("q", "durable.three_steps", ["durable"])
     wait_for(lambda: s.labelled("exec", "plain") and s.labelled("after-s2", "durable"), timeout=20,
@@ -33,8 +36,10 @@ def test_a_killed_workers_runs_finish_within_two_lease_ttls_and_a_live_run_is_le
     survivor = s.worker(app=APP, conf=settings, concurrency=3).wait_ready()
     live_id = s.send_task("q", "durable.long_steps", ["live", 3, TTL])
     wait_for(lambda: s.labelled("exec", "live"), timeout=20, what="the survivor to start its long run")
-    victim_pid = s.labelled("exec", "plain")[0]["pid"]
-    assert s.labelled("exec", "live")[0]["pid"] != victim_pid
+    victim_pids = {s.labelled("exec", "plain")[0]["pid"], s.labelled("after-s2", "durable")[0]["pid"]}
+    assert s.labelled("exec", "live")[0]["pid"] not in victim_pids
+    victim.wait_durable(lambda st: st["in_flight"] == 2 and st["scheduled"] == 1, timeout=5,
+                        what="the victim to hold exactly its two runs and the wake-up")
 
     killed_at = time.time()
     victim.kill()
@@ -45,6 +50,9 @@ def test_a_killed_workers_runs_finish_within_two_lease_ttls_and_a_live_run_is_le
     # The durable run resumed from its checkpoint: each step's effect once.
     assert effects(url, durable_id) == {"s1": 1, "s2": 1, "s3": 1}
     assert [e["id"] for e in s.labelled("end", "plain")] == [plain_id]
+
+    wait_for(lambda: run_state(url, sleeper_id) == "succeeded", timeout=6 * TTL, what="the sleeper to wake")
+    assert len(s.labelled("woke", "sleeper")) == 1 and effects(url, sleeper_id) == {"before": 1, "after": 1}
 
     wait_for(lambda: run_state(url, live_id) == "succeeded", timeout=6 * TTL, what="the live run to finish")
     assert len(s.labelled("exec", "live")) == 1, "the live run was restored and run again"
@@ -73,7 +81,8 @@ def test_a_run_whose_message_was_deleted_resumes_from_its_checkpoint_within_thre
     if broker_kind == "redis":
         client = redis.Redis.from_url(s.broker_url)
         assert client.hlen(own["unacked_key"]) == 1, "the killed worker's message was not held unacked"
-        client.delete(*own.values())
+        # Gone: the message, its unacked record and the dead worker's record of holding it.
+        client.delete(*own.values(), *client.scan_iter(match=f"{own['unacked_key']}.durable_*"))
     else:
         wait_for(lambda: s.broker_depth("q") == 1, timeout=10, what="RabbitMQ to requeue the killed one's message")
         with s.producer.connection_for_write() as conn:
@@ -86,3 +95,5 @@ def test_a_run_whose_message_was_deleted_resumes_from_its_checkpoint_within_thre
     assert effects(url, run_id) == {"s1": 1, "s2": 1, "s3": 1}
     wait_for(lambda: "durable.run.recovered" in survivor.log(), timeout=5, what="the recovery to be logged")
     assert survivor.terminate() == 0
+    if broker_kind == "redis":
+        client.delete(*client.scan_iter(match=f"{own['unacked_key']}.durable_*"))
