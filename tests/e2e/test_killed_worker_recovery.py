@@ -8,13 +8,17 @@ them over. The live run is never restored or run twice.
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pytest
 import redis
 
+from celery_durable.store.engine import engine_for, ensure_schema
 from tests.e2e.durable_support import APP, conf, durable_scenario, effects, run_state  # noqa: F401 - fixture
-from tests.e2e.harness import wait_for
+from tests.e2e.durableapp import EFFECTS_DDL
+from tests.e2e.harness import Scenario, WorkerProcess, wait_for
+from tests.services import redis_problem, require
 
 TTL = 3.0
 
@@ -97,3 +101,40 @@ def test_a_run_whose_message_was_deleted_resumes_from_its_checkpoint_within_thre
     assert survivor.terminate() == 0
     if broker_kind == "redis":
         client.delete(*client.scan_iter(match=f"{own['unacked_key']}.durable_*"))
+
+
+def test_on_the_embedded_broker_a_killed_workers_durable_run_resumes_by_the_sweep(tmp_path):
+    """kombu's SQLAlchemy transport keeps no unacked record: a message taken by a worker that dies is gone
+    for good. A durable run's row still says it was running: the fleet's sweep sends it again."""
+    require("Redis (observation)", redis_problem())
+    ttl = 3.0
+    store = f"sqlite:///{tmp_path}/store.sqlite"
+    ensure_schema(store)
+    with engine_for(store).begin() as conn:
+        conn.exec_driver_sql(EFFECTS_DDL)
+    s = Scenario("sqla", f"sqla+sqlite:///{tmp_path}/broker.sqlite", ["q"])
+    settings = conf(store, durable_lease_ttl=ttl)
+    try:
+        victim = s.worker(app=APP, conf=settings, concurrency=1).wait_ready(60)
+        survivor = s.worker(app=APP, conf=settings, concurrency=1).wait_ready(60)
+        run_id = s.send_task("q", "durable.three_steps", ["embedded"])
+        wait_for(lambda: s.labelled("after-s2", "embedded"), timeout=30, what="the run to be past its second step")
+        ran_on = s.labelled("after-s2", "embedded")[0]["pid"]
+        holder, other = (victim, survivor) if ran_on in _pids(victim) else (survivor, victim)
+        killed_at = time.time()
+        holder.kill()
+        wait_for(lambda: run_state(store, run_id) == "succeeded", timeout=8 * ttl, what="the run to be recovered")
+        finished = s.labelled("end", "embedded")[0]["t"]
+        assert finished - killed_at <= 3 * ttl, f"took {finished - killed_at:.2f}s, more than 3 x TTL ({3 * ttl}s)"
+        assert effects(store, run_id) == {"s1": 1, "s2": 1, "s3": 1}
+        assert "durable.run.recovered" in other.log()
+        assert other.terminate() == 0
+    finally:
+        for worker in s._workers:
+            worker.kill()
+        s.observer.delete(s.key)
+
+
+def _pids(worker: WorkerProcess) -> set[int]:
+    found = subprocess.run(["pgrep", "-P", str(worker.process.pid)], capture_output=True, text=True, check=False)
+    return {worker.process.pid, *(int(p) for p in found.stdout.split())}
