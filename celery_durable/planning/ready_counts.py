@@ -9,7 +9,7 @@ itself took, at least 5 ms and at most 10 ms. A queue found empty is asked
 again within that age at the latest: the pickup bound for a message that
 arrives on it while other queues keep the worker busy. Past 20 queues or so a
 probe costs more than a tenth of the claim loop's time: on RabbitMQ a busy
-worker among many empty queues pays for that bound in throughput (README). A
+worker among many empty queues pays for that bound in throughput (docs/claiming.md). A
 probe that shows no work left on any queue asked is not reused: the worker then
 waits on every queue at once (the claimer's idle wait), which takes a late
 message at once.

@@ -1,6 +1,6 @@
 """One execution of a durable run: take its lease (or defer, drop or bury the delivery), run the body, settle it.
 
-Which delivery acks what (see README, "Leases"): the delivery that takes the
+Which delivery acks what (docs/durable-tasks.md, "Leases"): the delivery that takes the
 run's lease runs the body and is acked when the attempt ends (``acks_late``).
 A copy that finds the run settled, or sleeping until a wake-up that exists, is
 acked without running. A copy that finds a live attempt is re-sent to look
