@@ -68,6 +68,21 @@ def admit(row: RowView, *, started: bool, settled_states: frozenset[str], sleepi
     return Verdict(DEFER, delay=max(remaining, 0.0) + DEFER_MARGIN)
 
 
+#: A copy that meets a lease lapsing within this share of the TTL waits for it in place instead of
+#: being re-sent. A dead holder's restored message (Redis) meets its run's lease at most a third of the
+#: TTL from lapsing: the holder's heartbeat and its lease renewals both beat every third of the TTL.
+WAIT_IN_PLACE_SHARE = 1.0 / 3.0
+
+
+def waits_in_place(verdict: Verdict, lease_ttl: float) -> bool:
+    """Whether a DEFER verdict's copy should wait out the lease here rather than go back to the broker.
+
+    Re-sent, the copy waits behind every message sent since (a backlog of minutes); waiting here
+    holds one slot for at most a third of the TTL, once per delivery.
+    """
+    return verdict.kind == DEFER and verdict.delay <= lease_ttl * WAIT_IN_PLACE_SHARE + DEFER_MARGIN
+
+
 def store_wait_delay(waits: int, jitter: float, *, base: float = STORE_WAIT_BASE,
                      cap: float = STORE_WAIT_CAP) -> float:
     """Seconds a delivery waits before asking an unreachable store again, after ``waits`` earlier waits.

@@ -189,17 +189,17 @@ def hand_off_to_sleep(conn: Connection, run_id: str, token: str, wake_at: dateti
     return bool(result.rowcount == 1)
 
 
-def stranded(conn: Connection, before: datetime, limit: int) -> list[Run]:
-    """Runs no delivery took over by ``before``, locked for re-sending (PostgreSQL skips rows another has).
+def stranded(conn: Connection, before: datetime, resend_before: datetime, limit: int) -> list[Run]:
+    """Runs no delivery took over, locked for sending again (PostgreSQL skips rows another has).
 
     A ``running`` run whose attempt's lease expired before ``before`` (its
-    process died and no copy of its message took it over), or that was handed
-    to a message (a re-send, a store wait) before ``before`` that never came;
+    process died and no copy of its message took it over); one handed to a
+    message (a re-send, a store wait) before ``resend_before`` that never came;
     a ``sleeping`` run whose wake-up was due before ``before``.
     """
     lapsed = sa.and_(runs.c.state == RUNNING, runs.c.lease_holder.is_not(None),
                      sa.or_(runs.c.lease_expires_at < before,
-                            sa.and_(runs.c.lease_expires_at.is_(None), runs.c.updated_at < before)))
+                            sa.and_(runs.c.lease_expires_at.is_(None), runs.c.updated_at < resend_before)))
     overdue = sa.and_(runs.c.state == SLEEPING, runs.c.wake_at < before)
     query = sa.select(runs).where(sa.or_(lapsed, overdue)).order_by(runs.c.updated_at).limit(limit)
     if conn.dialect.name == "postgresql":
@@ -207,21 +207,27 @@ def stranded(conn: Connection, before: datetime, limit: int) -> list[Run]:
     return [Run(**row._mapping) for row in conn.execute(query)]
 
 
-def hand_off_to_resend(conn: Connection, run: Run, token: str, at: datetime) -> bool:
-    """Hand a stranded run to the message about to be sent with ``token``; False if it moved meanwhile.
+def hand_off_to_resend(conn: Connection, run: Run, new_token: str, at: datetime) -> str | None:
+    """Hand a stranded run to the message about to be sent; the token it must carry, or None if it moved.
 
-    A running run's dead attempt counts as lost (as a copy taking over its
-    expired lease would count it), so a run that keeps killing its workers is
-    still buried; a sleeping run's wake-up is no lost attempt.
+    A lapsed lease's run gets ``new_token``, and its dead attempt counts as
+    lost (as a copy taking over the lease would count it), so a run that keeps
+    killing its workers is still buried. A run already handed to a message, or
+    sleeping, keeps its token: every copy sent for it is then the same
+    hand-off, and whichever arrives first resumes it (a new token per re-send
+    would strand the copies already queued behind a backlog).
     """
-    lost = 1 if run.state == RUNNING and run.lease_expires_at is not None else 0
-    result = conn.execute(
-        sa.update(runs).where(runs.c.id == run.id, runs.c.state == run.state,
-                              runs.c.lease_holder == run.lease_holder)
-        .values(lease_holder=token, lease_expires_at=None, wake_at=None, state=RUNNING,
-                lost_attempts=runs.c.lost_attempts + lost, updated_at=at)
-    )
-    return bool(result.rowcount == 1)
+    unchanged = (runs.c.id == run.id, runs.c.state == run.state, runs.c.lease_holder == run.lease_holder)
+    if run.state == RUNNING and run.lease_expires_at is not None:
+        token: str | None = new_token
+        values: dict[str, Any] = {"lease_holder": new_token, "lease_expires_at": None,
+                                  "lost_attempts": runs.c.lost_attempts + 1, "updated_at": at}
+    else:
+        token = run.lease_holder
+        # A sleeping run's wake-up counts as due again from now: sent once per TTL at most.
+        values = {"updated_at": at, **({"wake_at": at} if run.state == SLEEPING else {})}
+    written = conn.execute(sa.update(runs).where(*unchanged).values(**values))
+    return token if written.rowcount == 1 else None
 
 
 def settle(conn: Connection, run: Run, state: str, *, result: str | None = None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -82,30 +83,38 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
     token = new_token()
     ttl = lease_ttl(task.app.conf)
     queue = (request.delivery_info or {}).get("routing_key")
-    try:
-        engine = ensure_schema(url)
-        with unavailable_as_error(url):
-            conn = autocommit(engine).connect()
-            try:
-                run, started = runs.begin_attempt(conn, run_id=request.id, task_name=task.name, queue=queue,
-                                                  args=args_json, kwargs=kwargs_json, token=token,
-                                                  lease_seconds=ttl, resume=resume,
-                                                  retries=int(request.retries or 0))
-                # attempts == 1 only on the insert that created the run: no step can exist yet,
-                # so a new run skips the read (every later attempt counts one more).
-                ledger = Ledger(stored=steps.load(conn, run.id)) if started and run.attempts > 1 else Ledger()
-            except BaseException:
-                conn.close()
-                raise
-    except StoreUnavailable as err:
-        return _wait_for_store(task, url, err, resume)
-    outage.available(url)
+    for look in range(2):
+        try:
+            engine = ensure_schema(url)
+            with unavailable_as_error(url):
+                conn = autocommit(engine).connect()
+                try:
+                    run, started = runs.begin_attempt(conn, run_id=request.id, task_name=task.name, queue=queue,
+                                                      args=args_json, kwargs=kwargs_json, token=token,
+                                                      lease_seconds=ttl, resume=resume,
+                                                      retries=int(request.retries or 0))
+                    # attempts == 1 only on the insert that created the run: no step can exist yet,
+                    # so a new run skips the read (every later attempt counts one more).
+                    ledger = Ledger(stored=steps.load(conn, run.id)) if started and run.attempts > 1 else Ledger()
+                except BaseException:
+                    conn.close()
+                    raise
+        except StoreUnavailable as err:
+            return _wait_for_store(task, url, err, resume)
+        outage.available(url)
 
-    verdict = run_admission.admit(
-        RowView(run.state, run.lease_holder, run.lease_expiry, run.lost_attempts), started=started,
-        settled_states=SETTLED, sleeping_state=SLEEPING, retries=int(request.retries or 0),
-        max_retries=_max_retries(task), at=store_now(conn),
-    )
+        verdict = run_admission.admit(
+            RowView(run.state, run.lease_holder, run.lease_expiry, run.lost_attempts), started=started,
+            settled_states=SETTLED, sleeping_state=SLEEPING, retries=int(request.retries or 0),
+            max_retries=_max_retries(task), at=store_now(conn),
+        )
+        if look == 0 and not request.is_eager and run_admission.waits_in_place(verdict, ttl):
+            # A lease about to lapse (a dead worker's, met by its restored message): a re-sent copy
+            # would queue behind every message sent since; this one looks again in place.
+            conn.close()
+            time.sleep(verdict.delay)
+            continue
+        break
     if verdict.kind != RUN:
         try:
             if verdict.kind == BURY:

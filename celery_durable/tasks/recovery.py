@@ -47,9 +47,19 @@ def touch(url: str) -> None:
         conn.exec_driver_sql("SELECT 1")
 
 
+#: Lease TTLs a run handed to a message waits for it before another copy is sent: under a backlog the
+#: first copy may be minutes away, and each copy sent is one more message to drain.
+RESEND_AFTER_TTLS = 10
+
+
 def stranded_before(now: datetime, lease_ttl: float) -> datetime:
     """A lease that lapsed (or a wake-up due) before this was given a TTL for a delivery to take it over."""
     return now - timedelta(seconds=lease_ttl)
+
+
+def resend_before(now: datetime, lease_ttl: float) -> datetime:
+    """A run handed to a message before this has waited long enough for it to send another copy."""
+    return now - timedelta(seconds=lease_ttl * RESEND_AFTER_TTLS)
 
 
 def recover_stranded(app: Any, url: str, lease_ttl: float) -> list[Run]:
@@ -79,9 +89,10 @@ def _recover_batch(app: Any, url: str, lease_ttl: float) -> list[Run]:
         sent: list[Run] = []
         # Lease expiries are in the store's clock: so is the bound they are compared with.
         now = store_now(conn)
-        for run in store_runs.stranded(conn, stranded_before(now, lease_ttl), BATCH):
-            token = new_token()
-            if not store_runs.hand_off_to_resend(conn, run, token, now):
+        before = stranded_before(now, lease_ttl)
+        for run in store_runs.stranded(conn, before, resend_before(now, lease_ttl), BATCH):
+            token = store_runs.hand_off_to_resend(conn, run, new_token(), now)
+            if token is None:
                 continue
             # Inside the transaction that holds the row: a worker that gets the message at once waits
             # for the hand-off to commit, and a failed publish leaves the run as it was.

@@ -20,9 +20,9 @@ def conn(store_url: str):
 
 
 def begin(conn: Connection, token: str, *, ttl: float = 30.0, resume: str | None = None,
-          run_id: str = "r1") -> tuple[runs.Run, bool]:
+          run_id: str = "r1", retries: int = 0) -> tuple[runs.Run, bool]:
     return runs.begin_attempt(conn, run_id=run_id, task_name="t", queue="q", args="[]", kwargs="{}",
-                              token=token, lease_seconds=ttl, resume=resume)
+                              token=token, lease_seconds=ttl, resume=resume, retries=retries)
 
 
 def test_a_second_delivery_of_a_live_run_does_not_start(conn):
@@ -121,3 +121,43 @@ def test_the_keeper_says_lost_only_when_another_attempt_holds_the_run(store_url,
     assert len(lost) == 1 and "taken" in lost[0]
     assert "settled" in keeper.held()[store_url]  # still listed until its attempt releases it
     keeper.release(store_url, "settled")
+
+
+def test_a_stranded_run_is_handed_to_one_token_that_every_later_copy_keeps(conn):
+    """The recovery sweep's hand-off (tasks/recovery.py): the lapsed lease's run gets a new token and one
+    lost attempt; sending it again later keeps that token (a copy queued behind a backlog still resumes
+    it) and counts nothing more; the copy carrying it takes the run at once."""
+    from datetime import timedelta
+
+    begin(conn, "dead", ttl=0.2, retries=2)
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(runs.now()), timeout=5, what="the lease to lapse")
+    now = runs.now()
+    [stranded] = runs.stranded(conn, now, now - timedelta(seconds=60), 10)
+    assert (stranded.retries, stranded.lease_holder) == (2, "dead")
+    token = runs.hand_off_to_resend(conn, stranded, "sweep-1", now)
+    assert token == "sweep-1"
+    handed = runs.get(conn, "r1")
+    assert (handed.lease_holder, handed.lease_expires_at, handed.lost_attempts) == ("sweep-1", None, 1)
+    # Not again until the resend bound, and then under the same token.
+    assert runs.stranded(conn, runs.now(), runs.now() - timedelta(seconds=60), 10) == []
+    [again] = runs.stranded(conn, runs.now(), runs.now() + timedelta(seconds=1), 10)
+    assert runs.hand_off_to_resend(conn, again, "sweep-2", runs.now()) == "sweep-1"
+    assert runs.get(conn, "r1").lost_attempts == 1
+    # An old copy without the token finds the run held; the copy with it resumes it, as no lost attempt.
+    assert begin(conn, "old-copy")[1] is False
+    resumed, started = begin(conn, "new", resume="sweep-1")
+    assert started and (resumed.lease_holder, resumed.lost_attempts) == ("new", 1)
+
+
+def test_a_sleeping_run_past_its_wake_up_is_sent_again_under_its_own_token(conn):
+    from datetime import timedelta
+
+    run, _ = begin(conn, "sleeper")
+    assert runs.hand_off_to_sleep(conn, "r1", "sleeper", runs.now() - timedelta(seconds=5))
+    [overdue] = runs.stranded(conn, runs.now() - timedelta(seconds=1), runs.now(), 10)
+    assert overdue.state == "sleeping"
+    assert runs.hand_off_to_resend(conn, overdue, "unused", runs.now()) == "sleeper"
+    # Due again from now: not sent again within the next TTL.
+    assert runs.stranded(conn, runs.now() - timedelta(seconds=1), runs.now(), 10) == []
+    woke, started = begin(conn, "wake", resume="sleeper")
+    assert started and woke.lost_attempts == 0

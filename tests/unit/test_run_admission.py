@@ -14,8 +14,10 @@ from celery_durable.planning.run_admission import (
     RUN,
     STORE_WAIT_CAP,
     RowView,
+    Verdict,
     admit,
     store_wait_delay,
+    waits_in_place,
 )
 
 AT = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
@@ -84,3 +86,16 @@ def test_the_store_wait_doubles_to_a_cap_with_jitter(waits, jitter, delay):
 def test_a_jitter_outside_the_unit_interval_is_refused(jitter):
     with pytest.raises(ValueError, match="jitter"):
         store_wait_delay(0, jitter)
+
+
+@pytest.mark.parametrize(("kind", "delay", "ttl", "in_place"), [
+    (DEFER, 0.66, 3.0, True),     # a dead holder's lease, met by its restored message: about to lapse
+    (DEFER, 1.5, 3.0, True),      # a third of the TTL, plus the margin
+    (DEFER, 1.6, 3.0, False),     # longer: back to the broker, as before
+    (DEFER, 25.0, 30.0, False),   # a live holder renews every third of its TTL: never this close
+    (DEFER, 10.0, 30.0, True),
+    (DUPLICATE, 0.0, 3.0, False),
+    (RUN, 0.0, 3.0, False),
+])
+def test_a_copy_waits_in_place_only_for_a_lease_about_to_lapse(kind, delay, ttl, in_place):
+    assert waits_in_place(Verdict(kind, delay=delay), ttl) is in_place
