@@ -68,19 +68,29 @@ def admit(row: RowView, *, started: bool, settled_states: frozenset[str], sleepi
     return Verdict(DEFER, delay=max(remaining, 0.0) + DEFER_MARGIN)
 
 
-#: A copy that meets a lease lapsing within this share of the TTL waits for it in place instead of
-#: being re-sent. A dead holder's restored message (Redis) meets its run's lease at most a third of the
-#: TTL from lapsing: the holder's heartbeat and its lease renewals both beat every third of the TTL.
-WAIT_IN_PLACE_SHARE = 1.0 / 3.0
+#: How long a copy watches a live lease before it decides: a live holder renews every third of the TTL
+#: (leases/keeper.py), so a lease not renewed in that time (and a margin) is a dead holder's.
+WATCH_SHARE = 1.0 / 3.0
+#: Looks a copy takes in place at most (a dead holder's lease lapses within a TTL: about three watches).
+MAX_LOOKS_IN_PLACE = 5
 
 
-def waits_in_place(verdict: Verdict, lease_ttl: float) -> bool:
-    """Whether a DEFER verdict's copy should wait out the lease here rather than go back to the broker.
+def wait_in_place(verdict: Verdict, expires: datetime | None, seen_expires: datetime | None, looks: int,
+                  lease_ttl: float) -> float | None:
+    """Seconds a DEFER verdict's copy should wait here before looking again; None to re-send it.
 
-    Re-sent, the copy waits behind every message sent since (a backlog of minutes); waiting here
-    holds one slot for at most a third of the TTL, once per delivery.
+    Re-sent, the copy queues behind every message sent since (under a backlog, minutes), so a copy
+    first watches the lease: if it lapses within the watch, or is not renewed during one (its holder
+    died: a redelivery after a lost connection, a restored message), the copy waits it out here and
+    takes the run over. A lease that was renewed since the last look has a live holder: re-send.
+    ``expires``: the lease's expiry now; ``seen_expires``: at the previous look (None: first look).
     """
-    return verdict.kind == DEFER and verdict.delay <= lease_ttl * WAIT_IN_PLACE_SHARE + DEFER_MARGIN
+    if verdict.kind != DEFER or looks >= MAX_LOOKS_IN_PLACE:
+        return None
+    if seen_expires is not None and expires != seen_expires:
+        return None  # renewed since the last look: its holder is alive
+    watch = lease_ttl * WATCH_SHARE + DEFER_MARGIN
+    return min(verdict.delay, watch)
 
 
 def store_wait_delay(waits: int, jitter: float, *, base: float = STORE_WAIT_BASE,

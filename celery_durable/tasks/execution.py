@@ -83,7 +83,8 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
     token = new_token()
     ttl = lease_ttl(task.app.conf)
     queue = (request.delivery_info or {}).get("routing_key")
-    for look in range(2):
+    seen_expires = None
+    for look in range(run_admission.MAX_LOOKS_IN_PLACE + 1):
         try:
             engine = ensure_schema(url)
             with unavailable_as_error(url):
@@ -108,13 +109,15 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
             settled_states=SETTLED, sleeping_state=SLEEPING, retries=int(request.retries or 0),
             max_retries=_max_retries(task), at=store_now(conn),
         )
-        if look == 0 and not request.is_eager and run_admission.waits_in_place(verdict, ttl):
-            # A lease about to lapse (a dead worker's, met by its restored message): a re-sent copy
-            # would queue behind every message sent since; this one looks again in place.
-            conn.close()
-            time.sleep(verdict.delay)
-            continue
-        break
+        wait = None if request.is_eager else run_admission.wait_in_place(
+            verdict, run.lease_expiry, seen_expires, look, ttl)
+        if wait is None:
+            break
+        # A lease that may be a dead holder's: watched here, since a re-sent copy would queue behind
+        # every message sent since.
+        conn.close()
+        seen_expires = run.lease_expiry
+        time.sleep(wait)
     if verdict.kind != RUN:
         try:
             if verdict.kind == BURY:

@@ -17,7 +17,7 @@ from celery_durable.planning.run_admission import (
     Verdict,
     admit,
     store_wait_delay,
-    waits_in_place,
+    wait_in_place,
 )
 
 AT = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
@@ -88,14 +88,19 @@ def test_a_jitter_outside_the_unit_interval_is_refused(jitter):
         store_wait_delay(0, jitter)
 
 
-@pytest.mark.parametrize(("kind", "delay", "ttl", "in_place"), [
-    (DEFER, 0.66, 3.0, True),     # a dead holder's lease, met by its restored message: about to lapse
-    (DEFER, 1.5, 3.0, True),      # a third of the TTL, plus the margin
-    (DEFER, 1.6, 3.0, False),     # longer: back to the broker, as before
-    (DEFER, 25.0, 30.0, False),   # a live holder renews every third of its TTL: never this close
-    (DEFER, 10.0, 30.0, True),
-    (DUPLICATE, 0.0, 3.0, False),
-    (RUN, 0.0, 3.0, False),
+T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
+RENEWED = T0 + timedelta(seconds=10)
+
+
+@pytest.mark.parametrize(("kind", "delay", "expires", "seen", "looks", "wait"), [
+    (DEFER, 0.66, T0, None, 0, 0.66),       # lapses within the watch: wait for it
+    (DEFER, 2.9, T0, None, 0, 1.5),         # watch a third of the TTL (3 s) plus the margin
+    (DEFER, 1.4, T0, T0, 1, 1.4),           # not renewed during the watch: a dead holder's, wait on
+    (DEFER, 2.9, RENEWED, T0, 1, None),     # renewed since the last look: a live holder, re-send
+    (DEFER, 0.2, T0, T0, 5, None),          # looked enough: re-send
+    (DUPLICATE, 0.0, T0, None, 0, None),
+    (RUN, 0.0, T0, None, 0, None),
 ])
-def test_a_copy_waits_in_place_only_for_a_lease_about_to_lapse(kind, delay, ttl, in_place):
-    assert waits_in_place(Verdict(kind, delay=delay), ttl) is in_place
+def test_a_copy_watches_a_lease_in_place_and_goes_back_to_the_broker_once_it_is_renewed(
+        kind, delay, expires, seen, looks, wait):
+    assert wait_in_place(Verdict(kind, delay=delay), expires, seen, looks, 3.0) == wait
