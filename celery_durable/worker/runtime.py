@@ -21,6 +21,7 @@ from typing import Any
 
 from celery_durable.config import DurableConfig
 from celery_durable.planning.claim_sweep import capacity
+from celery_durable.worker.claim_stats import ClaimStats
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.drain import Drain
 from celery_durable.worker.fetchers import Fetcher, fetcher_for
@@ -124,6 +125,7 @@ class WorkerRuntime:
             held=self.held,
             accept=accept,
             schedule=schedule if schedule is not None else self._scheduled.append,
+            clock=self._clock,
             stop_requested=self._stop_requested,
             before_pass=self.admit_due,
             new_fetcher=new_fetcher,
@@ -323,6 +325,7 @@ class WorkerRuntime:
     def stats(self) -> dict[str, Any]:
         """The ``durable`` section of ``celery inspect stats``."""
         config = self.config
+        claims = self.claimer.stats() if self.claimer is not None else ClaimStats()
         return {
             "in_flight": self.held.held(),
             "scheduled": self.held.scheduled(),
@@ -331,16 +334,7 @@ class WorkerRuntime:
             "pool_size": self.pool_limit,
             "held_by_queue": self.held.held_by_queue(),
             "queue_slots": {q: config.slots_for(q) for q in self.held.queues()},
-            "claim_passes": self.claimer.passes if self.claimer is not None else 0,
-            "claimed_by_passes": self.claimer.claimed_by_passes if self.claimer is not None else 0,
-            "claimed_by_idle_wait": self.claimer.claimed_by_idle_wait if self.claimer is not None else 0,
-            # Redis: the idle wait only watches, and each message it sees kicks a pass that takes it.
-            "idle_wakes": self.claimer.idle_wakes if self.claimer is not None else 0,
-            "idle_waiting_on": sorted(self.claimer.idle_waiting_on()) if self.claimer is not None else [],
-            "claim_round_trips": self.claimer.round_trips if self.claimer is not None else 0,
-            # Messages a pass took beyond its slots (to park a busy key's flood at once) that could run:
-            # given back to the broker, ahead of what came after them.
-            "claims_handed_back": self.claimer.handed_back if self.claimer is not None else 0,
+            **claims.inspect_fields(),
             # Fleet limits: the leases this worker holds (task -> key, "*" for durable_concurrency -> runs),
             # and the messages its gate parked to wait their turn or dropped as busy.
             "leases": self.gate.held() if self.gate is not None else {},

@@ -8,6 +8,7 @@ import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from time import monotonic
 from typing import Any
 
 import pytest
@@ -116,7 +117,7 @@ class Recorder:
 def _claimer(conn: Any, queue: Queue, handler: Recorder) -> Claimer:
     scheduled: list[Any] = []
     claimer = Claimer(connection=conn, queues=lambda: [queue], held=HeldRuns(8, {queue.name: 8}),
-                      accept=["json"], schedule=scheduled.append)
+                      accept=["json"], schedule=scheduled.append, clock=monotonic)
     claimer.handler = handler
     return claimer
 

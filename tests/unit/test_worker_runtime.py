@@ -110,9 +110,9 @@ class Worker:
         return self.strategy.requests[task_id]
 
     def idle_wait_queues(self) -> set[str]:
-        # The claimer has no public view of its idle wait; its consumers are the
-        # only witness short of a delivery (which the tests also check).
-        return self.claimer.idle_waiting_on()
+        # The claimer's stats are the only view of its idle wait short of a
+        # delivery (which the tests also check).
+        return set(self.claimer.stats().idle_waiting_on)
 
 
 class FakeClock:
