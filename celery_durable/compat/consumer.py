@@ -126,6 +126,21 @@ def _polling_loop(obj: Any, connection: Any, stand_in: ClaimingTaskConsumer, blu
                 raise
 
 
+def consumer_blueprint(*extra_steps: str) -> type[Any]:
+    """Celery's consumer ``Blueprint`` with ``extra_steps`` (``module:Step`` paths) after its default steps.
+
+    Celery documents adding consumer steps by ``app.steps['consumer'].add``,
+    but that adds them to every consumer the app builds in the process, a
+    stock worker's included (an embedded worker beside a durable one, a test
+    harness): the outbox relay and the run recovery would run where no one
+    asked for them. A consumer class's own steps are its ``Blueprint``'s
+    ``default_steps`` (celery 5.x ``worker/consumer/consumer.py``), which
+    Celery does not document: only this function names them.
+    """
+    steps = [*Consumer.Blueprint.default_steps, *extra_steps]
+    return type("Blueprint", (Consumer.Blueprint,), {"default_steps": steps, "__module__": __name__})
+
+
 class ConsumerHooks(Consumer):  # type: ignore[misc]
     """Celery's consumer with the private methods ``-P durable`` overrides, forwarded to public ones."""
 

@@ -48,6 +48,21 @@ def request_of_callback(callback: Any) -> Any:
     return getattr(callback, "__self__", None)
 
 
+def was_acknowledged(request: Any) -> bool:
+    """True once the request's message was acked or rejected through it (``Request.acknowledged``)."""
+    return bool(getattr(request, "acknowledged", False))
+
+
+def skip_ack(request: Any) -> None:
+    """Make the request's late ack (or reject) a no-op: its message is no longer this worker's to settle.
+
+    ``Request.acknowledge`` and ``Request.reject`` send nothing once the
+    undocumented ``acknowledged`` flag is set (celery 5.x ``worker/request.py``;
+    a class attribute, False, checked at boot).
+    """
+    request.acknowledged = True
+
+
 def eta_ahead(message: Any) -> bool:
     """True if ``message`` (task protocol 2) carries an ETA/countdown still in the future.
 

@@ -8,7 +8,7 @@ from typing import Any
 from celery import bootsteps, signals
 from celery.worker.consumer import Consumer
 
-from celery_durable.compat.consumer import ConsumerHooks, claiming_loop
+from celery_durable.compat.consumer import ConsumerHooks, claiming_loop, consumer_blueprint
 from celery_durable.compat.worker_state import shutdown_requested
 from celery_durable.config import DurableConfig
 from celery_durable.metrics import queues as queue_metrics
@@ -41,13 +41,11 @@ class DurableConsumer(ConsumerHooks):
 
     loop = staticmethod(claiming_loop)
 
-    class Blueprint(Consumer.Blueprint):
-        default_steps = [
-            *Consumer.Blueprint.default_steps,
-            "celery_durable.worker.consumer:DurableStats",
-            "celery_durable.worker.relay_step:OutboxRelay",
-            "celery_durable.worker.recovery_step:RunRecovery",
-        ]
+    Blueprint = consumer_blueprint(
+        "celery_durable.worker.consumer:DurableStats",
+        "celery_durable.worker.relay_step:OutboxRelay",
+        "celery_durable.worker.recovery_step:RunRecovery",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -11,6 +11,7 @@ from kombu.serialization import prepare_accept_content
 
 from celery_durable.compat import redis_claim
 from celery_durable.compat.amqp import pipelined_gets, pipelined_ready_counts, supports_pipelined_gets
+from celery_durable.compat.redis_channel import channel_client, channel_qos
 from celery_durable.compat.transport_guards import guard_channel
 from celery_durable.worker.parking import (
     PARKED_SUFFIX,
@@ -97,7 +98,7 @@ class RedisFetcher:
     def _redis(self) -> Any:
         """A client on the channel's connection pool, made once: making one per pass cost ~5 % of a pass."""
         if self._client is None:
-            with self._channel.conn_or_acquire() as client:
+            with channel_client(self._channel) as client:
                 self._client = client
         return self._client
 
@@ -148,7 +149,7 @@ def _readable(channel: Any, client: Any, queue: str, items: list[Any], tags: lis
         else:
             messages.append(message)
     if poison:
-        park_redis_items(client, channel.qos, queue, poison)
+        park_redis_items(client, channel_qos(channel), queue, poison)
     return messages
 
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 
+from celery_durable.compat.redis_channel import channel_client
 from celery_durable.compat.redis_claim import forget_unacked
 from celery_durable.compat.transport_guards import message_raw, put_raw
 
@@ -84,7 +85,7 @@ class RedisParker:
 
     def park(self, queue: str, message: Any, reason: str) -> None:
         raw = json.dumps(message_raw(message))
-        with self._channel.conn_or_acquire() as client:
+        with channel_client(self._channel) as client:
             client.lpush(parked_name(queue), raw)
         log_parked(queue, raw, reason)
         # After the push: a crash between the two leaves it parked and still

@@ -10,6 +10,7 @@ from celery.concurrency.thread import TaskPool as ThreadTaskPool
 
 from celery_durable.compat.asynpool import ReapingAsynPool
 from celery_durable.compat.request import request_of_callback
+from celery_durable.compat.thread_pool import cancel_unstarted_and_wait
 
 
 class RunListener(Protocol):
@@ -90,4 +91,4 @@ class DurableThreadPool(DurablePoolMixin, ThreadTaskPool):
         drain.join()
         # Runs not yet started were handed back: cancel them here; the running
         # ones (a thread cannot be killed) are waited for.
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        cancel_unstarted_and_wait(self)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from time import monotonic
 from typing import Any
 
+from celery_durable.compat.request import skip_ack, was_acknowledged
 from celery_durable.config import DurableConfig
 from celery_durable.planning.claim_sweep import capacity
 from celery_durable.worker.claim_stats import ClaimStats
@@ -241,7 +242,7 @@ class WorkerRuntime:
         run = self.held.find(message)
         if run is None or run.request is None or run.in_pool:
             return
-        if getattr(run.request, "acknowledged", False):
+        if was_acknowledged(run.request):
             self.run_finished(run.request)
 
     def run_pooled(self, request: Any) -> None:
@@ -304,7 +305,7 @@ class WorkerRuntime:
             if not run.in_pool:
                 self.held.give_back(run.message)
             elif run.request is not None:
-                run.request.acknowledged = True
+                skip_ack(run.request)
 
     def stop(self) -> None:
         if self.claimer is not None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_durable.compat.kombu_publish import producer_batch_seam_free, record_redis_put, redis_batch_supported
+from celery_durable.compat.redis_channel import channel_client
 from celery_durable.outbox.publishing.outcome import BatchPublished, Now
 from celery_durable.outbox.publishing.task_message import Captured, RowSender
 from celery_durable.store.outbox import OutboxRow
@@ -133,7 +134,7 @@ def execute(channel: Any, commands: Sequence[Command]) -> None:
     """Run ``commands`` in one MULTI/EXEC on the channel's own client (key prefix and pool included)."""
     if not commands:
         return
-    with channel.conn_or_acquire() as client, client.pipeline(transaction=True) as pipe:
+    with channel_client(channel) as client, client.pipeline(transaction=True) as pipe:
         for name, args in coalesce_pushes(commands):
             getattr(pipe, name)(*args)
         pipe.execute()
