@@ -11,7 +11,7 @@ from typing import Any
 
 from celery_durable.compat.kombu_publish import producer_batch_seam_free, producer_publishes_to
 from celery_durable.outbox.publishing.sent_events import SentEventEmitter, SentEventRecorder
-from celery_durable.planning.checkpoints import from_json
+from celery_durable.store.json_values import from_json
 from celery_durable.store.outbox import OutboxRow
 
 #: Kombu's own retry inside one publish: enough to ride over a stale pooled
