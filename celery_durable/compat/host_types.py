@@ -39,7 +39,12 @@ class HostMessage(Protocol):
     def acknowledged(self) -> bool: ...
 
     @property
+    def errors(self) -> list[Any]: ...
+
+    @property
     def channel(self) -> Any: ...
+
+    def decode(self) -> Any: ...
 
     def ack(self, multiple: bool = False) -> None: ...
 
@@ -65,15 +70,43 @@ class HostRequest(Protocol):
 
 
 class HostChannel(Protocol):
-    """A kombu channel (any transport): what a fetch, a park or a republish uses of it."""
+    """A kombu channel (any transport): what a fetch, a park or a republish uses of it (kombu's channel API)."""
 
     @property
     def connection(self) -> Any: ...
 
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any: ...
+
+    def basic_publish(self, message: Any, exchange: str = "", routing_key: str = "", **kwargs: Any) -> Any: ...
+
     def basic_qos(self, prefetch_size: int, prefetch_count: int, apply_global: bool = False) -> Any: ...
 
+    def message_to_python(self, raw_message: Any) -> Any: ...
 
-class RedisChannel(HostChannel, Protocol):
+    def close(self) -> None: ...
+
+
+class AmqpChannel(HostChannel, Protocol):
+    """py-amqp's channel (RabbitMQ)."""
+
+    @property
+    def is_open(self) -> bool: ...
+
+
+class VirtualChannel(HostChannel, Protocol):
+    """A channel of kombu's virtual transports (Redis, SQLAlchemy, memory): the exchange table it routes by."""
+
+    @property
+    def state(self) -> Any: ...
+
+    def Message(self, payload: Any, channel: Any = None, **kwargs: Any) -> Any: ...  # noqa: N802 - kombu's name
+
+    def get_table(self, exchange: str) -> Any: ...
+
+    def typeof(self, exchange: str, default: str = "direct") -> Any: ...
+
+
+class RedisChannel(VirtualChannel, Protocol):
     """kombu's Redis ``Channel``: beside a channel's API, the names compat.redis_channel reads."""
 
     @property

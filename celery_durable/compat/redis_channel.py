@@ -11,9 +11,14 @@ tests/compat/test_redis_channel.py; checked at boot by compat.host_check.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeGuard
 
-from celery_durable.compat.host_types import RedisChannel
+from celery_durable.compat.host_types import HostChannel, RedisChannel
+
+
+def is_redis(channel: HostChannel) -> TypeGuard[RedisChannel]:
+    """True for a channel of kombu's Redis transport."""
+    return bool(channel.connection.client.transport.driver_type == "redis")
 
 
 def channel_client(channel: RedisChannel) -> AbstractContextManager[Any]:

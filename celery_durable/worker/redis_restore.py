@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from time import monotonic, time
 from typing import Any
 
+from celery_durable.compat.host_types import RedisChannel
 from celery_durable.compat.redis_channel import channel_client, channel_qos, visibility_timeout
 from celery_durable.compat.redis_claim import renew_unacked
 from celery_durable.compat.redis_holders import (
@@ -42,7 +43,7 @@ class RedisRestorer:
     worker never restores them either.
     """
 
-    def __init__(self, channel: Any, interval: float, holder: str, lease_ttl: float,
+    def __init__(self, channel: RedisChannel, interval: float, holder: str, lease_ttl: float,
                  clock: Callable[[], float] = monotonic) -> None:
         self._channel = channel
         self.interval = interval
