@@ -99,7 +99,7 @@ class VirtualChannel(HostChannel, Protocol):
     @property
     def state(self) -> Any: ...
 
-    def Message(self, payload: Any, channel: Any = None, **kwargs: Any) -> Any: ...  # noqa: N802 - kombu's name
+    def Message(self, payload: Any, channel: Any = None, **kwargs: Any) -> Any: ...  # kombu's name for its factory
 
     def get_table(self, exchange: str) -> Any: ...
 
