@@ -17,6 +17,19 @@ from celery_durable.store.runs import now
 CATCH_UP_OPTION = "durable_catch_up"
 
 
+def fixed_interval(value: Any) -> timedelta | None:
+    """A schedule's interval when its occurrences are counted from the last one (Celery's ``schedule``), else None.
+
+    The tick planner (``planning.beat_ticks``, which imports no Celery) takes it
+    to find the latest missed tick on the entry's own grid; a calendar schedule
+    (crontab, solar) or a relative interval has occurrences set by the clock.
+    """
+    if isinstance(value, schedule) and not value.relative:
+        every: timedelta = value.run_every
+        return every
+    return None
+
+
 @dataclass(frozen=True)
 class BeatEntry:
     """One entry: what to send, on which schedule, and what to do about ticks missed while down."""

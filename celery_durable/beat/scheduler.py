@@ -36,7 +36,7 @@ from celery.beat import Scheduler as CeleryScheduler
 from sqlalchemy.engine import Connection
 
 from celery_durable import outbox
-from celery_durable.beat.entries import BeatEntry, read_entries
+from celery_durable.beat.entries import BeatEntry, fixed_interval, read_entries
 from celery_durable.config import from_celery_conf
 from celery_durable.errors import DurableError, SchemaOutdated
 from celery_durable.leases.keeper import new_token
@@ -227,7 +227,7 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         if state.paused:
             return None
         plan = plan_ticks(entry.schedule, state.watermark, utc_now(), catch_up=entry.catch_up, grace=self.grace,
-                          max_catch_up=self.config.beat_max_catch_up)
+                          max_catch_up=self.config.beat_max_catch_up, every=fixed_interval(entry.schedule))
         if plan.missed_from is not None:
             logger.info("durable.beat.caught_up entry=%s policy=%s missed_from=%s missed_to=%s", entry.name,
                         entry.catch_up, plan.missed_from.isoformat(), (plan.missed_to or plan.missed_from).isoformat(),

@@ -16,6 +16,7 @@ from celery import bootsteps
 from celery.worker.consumer import Consumer
 from celery.worker.loops import asynloop
 
+from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.compat.worker_state import raise_if_shutdown_requested
 
 
@@ -51,7 +52,7 @@ class ClaimingTaskConsumer:
             self._claimer.handler = handler
             return
 
-        def on_task_message(message: Any) -> Any:
+        def on_task_message(message: HostMessage) -> Any:
             try:
                 return handler(message)
             finally:
@@ -70,7 +71,7 @@ class ClaimingConsumer(Protocol):
 
     def new_claimer(self, connection: Any, hub: Any) -> Any: ...
 
-    def settle_dropped(self, message: Any) -> None: ...
+    def settle_dropped(self, message: HostMessage) -> None: ...
 
     def run_scheduled(self) -> None: ...
 
@@ -126,14 +127,29 @@ def _polling_loop(obj: Any, connection: Any, stand_in: ClaimingTaskConsumer, blu
                 raise
 
 
+def consumer_blueprint(*extra_steps: str) -> type[Any]:
+    """Celery's consumer ``Blueprint`` with ``extra_steps`` (``module:Step`` paths) after its default steps.
+
+    Celery documents adding consumer steps by ``app.steps['consumer'].add``,
+    but that adds them to every consumer the app builds in the process, a
+    stock worker's included (an embedded worker beside a durable one, a test
+    harness): the outbox relay and the run recovery would run where no one
+    asked for them. A consumer class's own steps are its ``Blueprint``'s
+    ``default_steps`` (celery 5.x ``worker/consumer/consumer.py``), which
+    Celery does not document: only this function names them.
+    """
+    steps = [*Consumer.Blueprint.default_steps, *extra_steps]
+    return type("Blueprint", (Consumer.Blueprint,), {"default_steps": steps, "__module__": __name__})
+
+
 class ConsumerHooks(Consumer):  # type: ignore[misc]
     """Celery's consumer with the private methods ``-P durable`` overrides, forwarded to public ones."""
 
-    def when_due(self, request: Any, go: Callable[[], None]) -> None:
+    def when_due(self, request: HostRequest, go: Callable[[], None]) -> None:
         """Start ``request`` (``go``) once it fits; a subclass decides. Called when an ETA passes."""
         go()
 
-    def _limit_post_eta(self, request: Any, bucket: Any, tokens: Any) -> None:
+    def _limit_post_eta(self, request: HostRequest, bucket: Any, tokens: Any) -> None:
         # Celery (>= 5.3) calls this when a rate-limited request's ETA passes,
         # instead of apply_eta_task: it must wait for a slot like any due run.
         self.when_due(request, lambda: Consumer._limit_post_eta(self, request, bucket, tokens))

@@ -3,8 +3,10 @@
 Each entry names a module and an attribute path the compat modules use, so a
 Celery or kombu upgrade that drops one refuses the boot in one line naming it
 instead of raising AttributeError deep in the claim loop. Attributes that only
-exist on instances (``Message._raw``, ``Producer._batch_local``, ``_chain._use_link``)
-cannot be looked up here; tests/compat/ pins them.
+exist on instances are checked on a throwaway instance where making one does no
+I/O (``INSTANCE_TOUCH_POINTS``), on the live worker (compat.worker_controller),
+or else (``Message._raw``, ``Producer._batch_local``, ``_chain._use_link``,
+``Channel._queue_cycle``, ``Task.override_max_retries``) pinned by tests/compat/.
 """
 
 from __future__ import annotations
@@ -58,8 +60,19 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
              "QoS.unacked_key", "QoS.unacked_index_key", "QoS.restore_visible"),
     *_points("compat.redis_claim", "kombu.transport.virtual", "QoS.append"),
     *_points("compat.kombu_publish", "kombu.transport.redis", "Channel._inplace_augment_message"),
-    *_points("compat.redis_claim", "kombu.transport.redis", "Channel.unacked_restore_limit",
-             "Channel.visibility_timeout", "Channel.conn_or_acquire"),
+    *_points("compat.redis_claim", "kombu.transport.redis", "Channel.unacked_restore_limit"),
+    *_points("compat.redis_channel", "kombu.transport.redis", "Channel.visibility_timeout",
+             "Channel.conn_or_acquire"),
+    *_points("compat.redis_channel", "kombu.transport.virtual", "Channel.qos"),
+    # Channel._queue_cycle is an instance's (made in Channel.__init__ by cycle_by_name(queue_order_strategy)):
+    # what makes it is checked here, the attribute by tests/compat/test_transport_guards.py.
+    *_points("compat.transport_guards", "kombu.transport.redis", "Channel.queue_order_strategy"),
+    *_points("compat.transport_guards", "kombu.utils.scheduling", "cycle_by_name", "round_robin_cycle.rotate"),
+    *_points("compat.consumer", "celery.worker.consumer.consumer", "Consumer.Blueprint.default_steps"),
+    *_points("compat.request", "celery.worker.request", "Request.acknowledged"),
+    # Task.override_max_retries is set on the instance by Task.retry: tests/compat/test_autoretry.py pins it.
+    *_points("compat.autoretry", "celery.app.autoretry", "add_autoretry_behaviour"),
+    *_points("compat.autoretry", "celery.app.task", "Task.retry", "Task.max_retries"),
     *_points("compat.transport_guards", "kombu.transport.redis", "Channel._brpop_read", "Channel._in_poll",
              "Channel.sep", "Channel.client"),
     *_points("compat.transport_guards", "kombu.transport.virtual", "Transport._deliver", "Channel._put"),
@@ -71,6 +84,27 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     *_points("compat.amqp", "amqp.spec", "Basic.Get", "Basic.GetOk", "Basic.GetEmpty", "Queue.Declare",
              "Queue.DeclareOk"),
 )
+
+@dataclass(frozen=True)
+class InstanceTouchPoint:
+    """A host name only an instance has: ``attribute`` of ``module.factory()`` (a constructor doing no I/O)."""
+
+    module: str
+    factory: str
+    attribute: str
+    user: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.factory}().{self.attribute}"
+
+
+#: Names set in a host constructor that a cheap instance shows (about 30 µs for both, measured).
+INSTANCE_TOUCH_POINTS: tuple[InstanceTouchPoint, ...] = (
+    InstanceTouchPoint("redis.connection", "Connection", "_sock", "compat.redis_claim"),
+    InstanceTouchPoint("celery.concurrency.thread", "TaskPool", "executor", "compat.thread_pool"),
+)
+
 
 #: Names compat uses when the installed release has them, and does without otherwise
 #: (each such use says what an older release lacks): never a reason to refuse a boot.
@@ -90,7 +124,7 @@ TESTED: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
 
 def missing(points: tuple[TouchPoint, ...] = TOUCH_POINTS) -> list[TouchPoint]:
     """The touch points the installed packages do not have."""
-    absent = []
+    absent: list[TouchPoint] = []
     for point in points:
         try:
             obj: object = importlib.import_module(point.module)
@@ -102,6 +136,25 @@ def missing(points: tuple[TouchPoint, ...] = TOUCH_POINTS) -> list[TouchPoint]:
                 absent.append(point)
                 break
             obj = getattr(obj, part)
+    return absent
+
+
+def missing_on_instances(
+    points: tuple[InstanceTouchPoint, ...] = INSTANCE_TOUCH_POINTS,
+) -> list[InstanceTouchPoint]:
+    """The instance touch points a freshly made host object does not have."""
+    absent = []
+    for point in points:
+        try:
+            instance = getattr(importlib.import_module(point.module), point.factory)()
+        except (ImportError, AttributeError, TypeError):
+            absent.append(point)
+            continue
+        if not hasattr(instance, point.attribute):
+            absent.append(point)
+        executor = getattr(instance, "executor", None)
+        if executor is not None:
+            executor.shutdown(wait=False)  # the thread pool's: no thread was started, none is left
     return absent
 
 
@@ -125,7 +178,7 @@ def untested_releases() -> list[str]:
 
 def check_host() -> None:
     """Refuse (HostIncompatible, one line) if an internal is missing; warn once for an untested release."""
-    absent = missing()
+    absent: list[TouchPoint | InstanceTouchPoint] = [*missing(), *missing_on_instances()]
     versions = ", ".join(f"{name} {installed_version(name)}" for name in ("celery", "kombu", "billiard", "amqp"))
     if absent:
         names = ", ".join(point.name for point in absent)

@@ -185,11 +185,6 @@ def held_key(channel: Any, holder: str) -> str:
     return HolderKeys(channel).held(holder)
 
 
-def visibility_timeout(channel: Any) -> float:
-    """The transport option ``visibility_timeout`` the channel's QoS compares claim times with."""
-    return float(channel.visibility_timeout)
-
-
 def restore_limit(channel: Any) -> int:
     """How many expired records kombu restores per scan (``unacked_restore_limit``; -1: no limit, as None is)."""
     limit = channel.unacked_restore_limit

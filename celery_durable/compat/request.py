@@ -7,8 +7,10 @@ from typing import Any
 
 from celery.worker.request import Request
 
+from celery_durable.compat.host_types import HostMessage, HostRequest
 
-def waits_for_eta(request: Any, *, in_pool: bool) -> bool:
+
+def waits_for_eta(request: HostRequest, *, in_pool: bool) -> bool:
     """True once Celery's strategy put the request on the consumer's timer for its ETA/countdown.
 
     Asked right after the strategy returned. Celery 5.7 records the timer
@@ -30,7 +32,7 @@ def waits_for_eta(request: Any, *, in_pool: bool) -> bool:
 _RECORDS_ETA_ENTRY = hasattr(Request, "_eta_timer_entry")
 
 
-def cached_context(request: Any) -> Any:
+def cached_context(request: object) -> Any:
     """The task ``Context`` the request cached, which ``task_revoked`` is sent with; None if not made yet.
 
     ``Request._context`` is a ``cached_property`` (celery >= 5.1) stored in the
@@ -48,7 +50,23 @@ def request_of_callback(callback: Any) -> Any:
     return getattr(callback, "__self__", None)
 
 
-def eta_ahead(message: Any) -> bool:
+def was_acknowledged(request: HostRequest) -> bool:
+    """True once the request's message was acked or rejected through it (``Request.acknowledged``)."""
+    return bool(getattr(request, "acknowledged", False))
+
+
+def skip_ack(request: Any) -> None:
+    """Make the request's late ack (or reject) a no-op: its message is no longer this worker's to settle.
+
+    ``Request.acknowledge`` and ``Request.reject`` send nothing once the
+    undocumented ``acknowledged`` flag is set (celery 5.x ``worker/request.py``;
+    a class attribute, False, checked at boot). Typed ``Any``: the flag is
+    not part of ``HostRequest``, whose face is read-only.
+    """
+    request.acknowledged = True
+
+
+def eta_ahead(message: HostMessage) -> bool:
     """True if ``message`` (task protocol 2) carries an ETA/countdown still in the future.
 
     Such a run takes its fleet-limit leases when it falls due, not when it is

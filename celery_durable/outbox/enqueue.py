@@ -15,10 +15,10 @@ from sqlalchemy.orm import Session
 
 from celery_durable.compat.canvas import chain_uses_links, is_chain, is_chord, merged_call, prepare_chain_steps
 from celery_durable.errors import NotJSON, OutboxDatabaseMismatch, OutboxInvalid
-from celery_durable.planning.checkpoints import encode
 from celery_durable.planning.outbox import OptionInvalid, chain_step_options, serialize_options, without_callbacks
 from celery_durable.store import outbox as store
 from celery_durable.store.engine import ensure_schema_in, resolve_url, store_url
+from celery_durable.store.json_values import encode
 from celery_durable.store.urls import shown_url
 
 __all__ = ["enqueue"]

@@ -27,9 +27,7 @@ import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
-
-from celery.schedules import schedule as celery_schedule
+from typing import Any, Protocol
 
 NONE = "none"
 SKIP = "skip"
@@ -45,6 +43,14 @@ WALK_LIMIT = 10_000
 
 class ScheduleUnusable(ValueError):
     """An entry's schedule gave no occurrence after a time (a schedule object that misbehaves)."""
+
+
+class Schedule(Protocol):
+    """A Celery schedule as the planner asks it: time to the next occurrence, its clock pinned by ``nowfun``."""
+
+    nowfun: Any
+
+    def remaining_estimate(self, last_run_at: datetime) -> timedelta: ...
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,7 @@ class TickPlan:
     next_due: datetime = field(default_factory=lambda: datetime.max.replace(tzinfo=timezone.utc))
 
 
-def next_occurrence(schedule: Any, after: datetime) -> datetime:
+def next_occurrence(schedule: Schedule, after: datetime) -> datetime:
     """The first occurrence of ``schedule`` strictly after ``after`` (UTC), from the schedule alone.
 
     Celery's schedules answer "how long from now until due, given the last
@@ -91,7 +97,7 @@ def next_occurrence(schedule: Any, after: datetime) -> datetime:
     return occurrence
 
 
-def occurrences(schedule: Any, after: datetime, until: datetime) -> Iterator[datetime]:
+def occurrences(schedule: Schedule, after: datetime, until: datetime) -> Iterator[datetime]:
     """Occurrences in (``after``, ``until``], oldest first."""
     current = next_occurrence(schedule, after)
     while current <= until:
@@ -99,10 +105,13 @@ def occurrences(schedule: Any, after: datetime, until: datetime) -> Iterator[dat
         current = next_occurrence(schedule, current)
 
 
-def latest_occurrence(schedule: Any, after: datetime, until: datetime) -> datetime | None:
+def latest_occurrence(schedule: Schedule, after: datetime, until: datetime, *,
+                      every: timedelta | None) -> datetime | None:
     """The latest occurrence in (``after``, ``until``], or None, in O(log) schedule calls.
 
-    An interval counts its occurrences from ``after``. A calendar schedule
+    ``every``: the schedule's fixed interval when its occurrences are counted
+    from the last one (``beat.entries.fixed_interval``), None for a calendar
+    schedule. An interval counts its occurrences from ``after``. A calendar schedule
     (crontab, solar) has the same occurrences from any start: gallop back from
     ``until`` (1 s, 2 s, 4 s, ...) to a start with an occurrence before
     ``until``, then walk forward from there.
@@ -110,10 +119,9 @@ def latest_occurrence(schedule: Any, after: datetime, until: datetime) -> dateti
     first = next_occurrence(schedule, after)
     if first > until:
         return None
-    if isinstance(schedule, celery_schedule) and not schedule.relative:
+    if every is not None:
         # An interval's occurrences are counted from ``after`` (the last one), not set by the
         # calendar: galloping from another start would leave the entry's own grid.
-        every: timedelta = schedule.run_every
         return after + every * ((until - after) // every)
     back = timedelta(seconds=1)
     while True:
@@ -128,9 +136,9 @@ def latest_occurrence(schedule: Any, after: datetime, until: datetime) -> dateti
     return latest
 
 
-def plan_ticks(schedule: Any, watermark: datetime, now: datetime, *, catch_up: str, grace: float,
-               max_catch_up: int) -> TickPlan:
-    """What to send for one entry at ``now``, given its watermark and policy."""
+def plan_ticks(schedule: Schedule, watermark: datetime, now: datetime, *, catch_up: str, grace: float,
+               max_catch_up: int, every: timedelta | None) -> TickPlan:
+    """What to send for one entry at ``now``, given its watermark and policy (``every``: see ``latest_occurrence``)."""
     if catch_up not in CATCH_UP_CHOICES:
         raise ValueError(f"catch_up must be one of {CATCH_UP_CHOICES}, got {catch_up!r}")
     if max_catch_up < 1:
@@ -139,7 +147,7 @@ def plan_ticks(schedule: Any, watermark: datetime, now: datetime, *, catch_up: s
     fires: list[Fire] = []
     cut, cut_exact = 0, True
     missed_first = None
-    missed_latest = latest_occurrence(schedule, watermark, on_time_from)
+    missed_latest = latest_occurrence(schedule, watermark, on_time_from, every=every)
     if missed_latest is not None:
         missed_first = next_occurrence(schedule, watermark)
         if catch_up == SKIP:

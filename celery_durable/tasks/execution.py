@@ -22,16 +22,18 @@ from typing import Any
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_durable import faults
+from celery_durable.compat.autoretry import max_retries, will_retry
 from celery_durable.config import lease_ttl
 from celery_durable.errors import NotDurable, RunExhausted, RunIdInvalid, StoreUnavailable
 from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.metrics import jobs as metrics
 from celery_durable.planning import run_admission
-from celery_durable.planning.checkpoints import Ledger, check_run_id, encode, from_json
+from celery_durable.planning.checkpoints import Ledger, check_run_id
 from celery_durable.planning.run_admission import BURY, DUPLICATE, RUN, RowView
 from celery_durable.store import runs, steps
 from celery_durable.store.clock import store_now
 from celery_durable.store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
+from celery_durable.store.json_values import encode, from_json
 from celery_durable.store.runs import Run
 from celery_durable.store.schema import DEAD, FAILED, SETTLED, SLEEPING, SUCCEEDED
 from celery_durable.tasks import store_outage as outage
@@ -40,21 +42,6 @@ from celery_durable.tasks.headers import RESUME_HEADER, STORE_WAITS_HEADER
 
 logger = logging.getLogger("celery_durable.run")
 
-
-
-def will_retry(task: Any, exc: BaseException) -> bool:
-    """Whether Celery's autoretry (the task's retry policy) will send this run again after ``exc``."""
-    retry_for = tuple(getattr(task, "autoretry_for", ()) or ())
-    never_for = tuple(getattr(task, "dont_autoretry_for", ()) or ())
-    if not retry_for or not isinstance(exc, retry_for) or (never_for and isinstance(exc, never_for)):
-        return False
-    max_retries = _max_retries(task)
-    return max_retries is None or task.request.retries < max_retries
-
-
-def _max_retries(task: Any) -> int | None:
-    value = getattr(task, "override_max_retries", task.max_retries)
-    return None if value is None else int(value)
 
 
 def header(request: Any, name: str) -> Any:
@@ -107,7 +94,7 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
         verdict = run_admission.admit(
             RowView(run.state, run.lease_holder, run.lease_expiry, run.lost_attempts), started=started,
             settled_states=SETTLED, sleeping_state=SLEEPING, retries=int(request.retries or 0),
-            max_retries=_max_retries(task), at=store_now(conn),
+            max_retries=max_retries(task), at=store_now(conn),
         )
         wait = None if request.is_eager else run_admission.wait_in_place(
             verdict, run.lease_expiry, seen_expires, look, ttl)

@@ -17,9 +17,9 @@ from celery import signals
 
 from celery_durable.errors import NotJSON
 from celery_durable.metrics import jobs as metrics
-from celery_durable.planning.checkpoints import encode
 from celery_durable.store import runs
 from celery_durable.store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
+from celery_durable.store.json_values import encode
 from celery_durable.tasks.execution import call_hook
 
 logger = logging.getLogger("celery_durable.run")

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from celery_durable.errors import RunNotDead, RunNotFound, RunSettled
-from celery_durable.planning.checkpoints import from_json
 from celery_durable.store import runs as store_runs
 from celery_durable.store.clock import store_now
 from celery_durable.store.engine import ensure_schema, store_url, unavailable_as_error
+from celery_durable.store.json_values import from_json
 from celery_durable.store.runs import Run
 
 

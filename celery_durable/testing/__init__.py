@@ -116,10 +116,10 @@ def find_app(app: Any) -> tuple[Any, str]:
 
 def read_run(url: str, task_id: str) -> RunRecord | None:
     """The run ``task_id`` as the store at ``url`` holds it, or None if it has none."""
-    from celery_durable.planning.checkpoints import from_json
     from celery_durable.store import runs as store_runs
     from celery_durable.store import steps as store_steps
     from celery_durable.store.engine import ensure_schema
+    from celery_durable.store.json_values import from_json
 
     engine = ensure_schema(url)
     with engine.connect() as conn:

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.compat.request import eta_ahead, waits_for_eta
 from celery_durable.planning.limits import BACK, RunRoom
 from celery_durable.worker.fetchers import give_back_in_place
@@ -49,7 +50,7 @@ class Admitter:
         """Whether the store failed the gate less than :data:`STORE_PAUSE` ago: claiming waits."""
         return self._paused_until is not None and self._clock() < self._paused_until
 
-    def admit(self, queue_name: str, message: Any) -> bool:
+    def admit(self, queue_name: str, message: HostMessage) -> bool:
         """Hand ``message`` to Celery; False if it was parked, went to wait for a limit, or back (no slot)."""
         return self.admit_all([(queue_name, message)], bounded=False)[0] == 1
 
@@ -78,7 +79,7 @@ class Admitter:
             self._give_back_unstarted(back)
         return admitted, len(back)
 
-    def bind_request(self, request: Any) -> None:
+    def bind_request(self, request: HostRequest) -> None:
         """Called as the strategy makes a request for the message being admitted."""
         run = self._admitting
         if run is not None and request.message is run.message:
@@ -129,7 +130,8 @@ class Admitter:
         self.handed_back += len(messages)
         give_back_in_place(messages)
 
-    def _admit_readable(self, queue_name: str, message: Any, checked: bool, admission: Admission | None) -> bool:
+    def _admit_readable(self, queue_name: str, message: HostMessage, checked: bool,
+                        admission: Admission | None) -> bool:
         grant = None
         if admission is not None:  # not RUN (parked, dropped, failed or BACK) holds no slot
             if not admission.runs:
@@ -163,7 +165,7 @@ class Admitter:
                 self._held.schedule(message)
         return True
 
-    def _park(self, queue_name: str, message: Any, reason: str) -> None:
+    def _park(self, queue_name: str, message: HostMessage, reason: str) -> None:
         if self.parker is None:
             raise RuntimeError("the claimer parks messages only once started")
         self.parker.park(queue_name, message, reason)

@@ -11,6 +11,7 @@ from typing import Any
 
 from celery import signals
 
+from celery_durable.compat import worker_controller as controller
 from celery_durable.compat.host_check import check_host
 from celery_durable.compat.pool_alias import register_pool_alias
 from celery_durable.config import DurableConfig, from_celery_conf
@@ -109,11 +110,12 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
     worker = sender
     if worker is None:
         return
-    if not is_durable_pool(worker.pool_cls):
+    if not is_durable_pool(controller.pool_of(worker)):
         _refuse_limits_unchecked(worker)
         return
     try:
         check_host()
+        controller.check_worker(worker)
     except HostIncompatible as err:
         logger.error("durable.host.incompatible: %s", err)
         raise SystemExit(f"celery_durable: refusing to start: {err}") from None
@@ -134,23 +136,23 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
         raise SystemExit(f"celery_durable: refusing to start: {err}") from None
     _configs[worker] = config
     _limits[worker] = limits
-    worker.pool_cls = THREAD_POOL_PATH if config.execution == "threads" else POOL_PATH
+    controller.use_pool(worker, THREAD_POOL_PATH if config.execution == "threads" else POOL_PATH)
     if config.execution == "prefork":
         _share_counts(worker)
-    worker.consumer_cls = CONSUMER_PATH
+    controller.use_consumer(worker, CONSUMER_PATH)
     if not _command_lines.get(worker, CommandLine()).concurrency_given:
         consumed = list(worker.app.amqp.queues.consume_from)
         slots_sum = sum(config.slots_for(q) for q in consumed)
         if config.max_in_flight is not None:
             # With no -c the pool is sized to what the worker may hold.
-            worker.concurrency = min(config.max_in_flight, slots_sum)
+            controller.size_pool(worker, min(config.max_in_flight, slots_sum))
         else:
-            worker.concurrency = min(worker.concurrency, slots_sum)
-    elif config.max_in_flight is not None and config.max_in_flight > worker.concurrency:
+            controller.size_pool(worker, min(controller.pool_size(worker), slots_sum))
+    elif config.max_in_flight is not None and config.max_in_flight > controller.pool_size(worker):
         logger.warning(
             "durable.boot.cap_above_pool: durable_max_in_flight=%s exceeds the pool size %s; "
             "the worker holds at most %s (it never buffers runs the pool cannot start)",
-            config.max_in_flight, worker.concurrency, worker.concurrency,
+            config.max_in_flight, controller.pool_size(worker), controller.pool_size(worker),
         )
 
 
@@ -162,7 +164,8 @@ def _refuse_limits_unchecked(worker: Any) -> None:
         raise SystemExit(f"celery_durable: refusing to start: {err}") from None
     for name, task_limits in limits.items():
         option = declarations.first_option(task_limits)
-        pool = worker.pool_cls if isinstance(worker.pool_cls, str) else worker.pool_cls.__module__.rsplit(".", 1)[-1]
+        pool_cls = controller.pool_of(worker)
+        pool = pool_cls if isinstance(pool_cls, str) else pool_cls.__module__.rsplit(".", 1)[-1]
         message = (f"task {name!r} declares {option}, which only a -P durable worker enforces; "
                    f"this worker (-P {pool}) would run it unchecked")
         logger.error("durable.limit.unenforced: %s", message)

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.errors import InvariantBroken
 from celery_durable.planning.claim_sweep import (
     Sweep,
@@ -281,16 +282,16 @@ class Claimer:
         admitted, handed_back = self._admission.admit_all([(queue.name, message) for message in messages], bounded)
         return len(messages), admitted, handed_back
 
-    def _handle(self, message: Any) -> None:
+    def _handle(self, message: HostMessage) -> None:
         if self.handler is None:
             raise RuntimeError("the claimer was started before Celery gave it the task handler")
         self.handler(message)
 
-    def bind_request(self, request: Any) -> None:
+    def bind_request(self, request: HostRequest) -> None:
         """Called as the strategy makes a request for the message being admitted."""
         self._admission.bind_request(request)
 
-    def _idle_delivered(self, queue_name: str, message: Any) -> None:
+    def _idle_delivered(self, queue_name: str, message: HostMessage) -> None:
         """The idle wait took ``message`` itself (kombu's consumers): admit it, then plan the rest of the room."""
         self.cursor = queue_name
         self.claimed_by_idle_wait += 1

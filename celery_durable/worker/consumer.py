@@ -8,7 +8,8 @@ from typing import Any
 from celery import bootsteps, signals
 from celery.worker.consumer import Consumer
 
-from celery_durable.compat.consumer import ConsumerHooks, claiming_loop
+from celery_durable.compat.consumer import ConsumerHooks, claiming_loop, consumer_blueprint
+from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.compat.worker_state import shutdown_requested
 from celery_durable.config import DurableConfig
 from celery_durable.metrics import queues as queue_metrics
@@ -41,13 +42,11 @@ class DurableConsumer(ConsumerHooks):
 
     loop = staticmethod(claiming_loop)
 
-    class Blueprint(Consumer.Blueprint):
-        default_steps = [
-            *Consumer.Blueprint.default_steps,
-            "celery_durable.worker.consumer:DurableStats",
-            "celery_durable.worker.relay_step:OutboxRelay",
-            "celery_durable.worker.recovery_step:RunRecovery",
-        ]
+    Blueprint = consumer_blueprint(
+        "celery_durable.worker.consumer:DurableStats",
+        "celery_durable.worker.relay_step:OutboxRelay",
+        "celery_durable.worker.recovery_step:RunRecovery",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -108,11 +107,11 @@ class DurableConsumer(ConsumerHooks):
     def apply_eta_task(self, task: Any) -> None:
         self.runtime.when_admitted(task, lambda: Consumer.apply_eta_task(self, task))
 
-    def when_due(self, request: Any, go: Callable[[], None]) -> None:
+    def when_due(self, request: HostRequest, go: Callable[[], None]) -> None:
         self.runtime.when_admitted(request, go)
 
     # -- what the claiming loop calls ----------------------------------------------
-    def settle_dropped(self, message: Any) -> None:
+    def settle_dropped(self, message: HostMessage) -> None:
         self.runtime.settle_dropped(message)
 
     def run_scheduled(self) -> None:
@@ -122,7 +121,7 @@ class DurableConsumer(ConsumerHooks):
         return self.durable_config.idle_poll_interval
 
     # -- what the strategy and the revoke signal tell ------------------------------
-    def _on_task_received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
+    def _on_task_received(self, sender: Any = None, request: HostRequest | None = None, **_: Any) -> None:
         if request is not None:
             self.runtime.request_made(request)
 

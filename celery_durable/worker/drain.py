@@ -10,6 +10,7 @@ from collections.abc import Callable
 from time import monotonic, time
 from typing import Any
 
+from celery_durable.compat.host_types import HostMessage
 from celery_durable.config import DurableConfig
 from celery_durable.planning.queue_age import SENT_AT_HEADER
 from celery_durable.worker.process_cap import HeldRun, HeldRuns
@@ -111,7 +112,7 @@ class Drain:
             except ProcessLookupError:
                 pass
 
-    def _republish(self, message: Any, queue: str) -> None:
+    def _republish(self, message: HostMessage, queue: str) -> None:
         delivery = message.delivery_info or {}
         properties = dict(message.properties or {})
         properties.pop("delivery_tag", None)
@@ -134,6 +135,6 @@ def _started(run: HeldRun) -> bool:
     return run.request is not None and getattr(run.request, "time_start", None) is not None
 
 
-def _task_id(message: Any) -> Any:
+def _task_id(message: HostMessage) -> Any:
     headers = message.headers or {}
     return headers.get("id")

@@ -11,6 +11,8 @@ from kombu.serialization import prepare_accept_content
 
 from celery_durable.compat import redis_claim
 from celery_durable.compat.amqp import pipelined_gets, pipelined_ready_counts, supports_pipelined_gets
+from celery_durable.compat.host_types import HostChannel, RedisChannel
+from celery_durable.compat.redis_channel import channel_client, channel_qos, is_redis
 from celery_durable.compat.transport_guards import guard_channel
 from celery_durable.worker.parking import (
     PARKED_SUFFIX,
@@ -61,7 +63,7 @@ class PassFetcher(Fetcher, Protocol):
 class GetFetcher:
     """Any kombu transport: one ``basic_get`` per message (AMQP, the SQLAlchemy broker)."""
 
-    def __init__(self, channel: Any, accept: Any) -> None:
+    def __init__(self, channel: HostChannel, accept: Any) -> None:
         self._channel = channel
         self._accept = prepare_accept_content(accept)
         self.round_trips = 0
@@ -85,7 +87,7 @@ class GetFetcher:
 class RedisFetcher:
     """Redis: one script call per pass takes what the pass asks of every queue and marks it unacked."""
 
-    def __init__(self, channel: Any, accept: Any, held_key: str | None = None) -> None:
+    def __init__(self, channel: RedisChannel, accept: Any, held_key: str | None = None) -> None:
         self._channel = channel
         self._accept = prepare_accept_content(accept)
         #: This worker's held set (worker/redis_restore.py): every tag claimed is recorded there too.
@@ -97,7 +99,7 @@ class RedisFetcher:
     def _redis(self) -> Any:
         """A client on the channel's connection pool, made once: making one per pass cost ~5 % of a pass."""
         if self._client is None:
-            with self._channel.conn_or_acquire() as client:
+            with channel_client(self._channel) as client:
                 self._client = client
         return self._client
 
@@ -137,7 +139,7 @@ class RedisFetcher:
         return results
 
 
-def _readable(channel: Any, client: Any, queue: str, items: list[Any], tags: list[Any]) -> list[Any]:
+def _readable(channel: RedisChannel, client: Any, queue: str, items: list[Any], tags: list[Any]) -> list[Any]:
     """The claimed items Python can read as messages; the others (a body not base64) are parked at once."""
     messages = []
     poison: list[tuple[Any, Any, str]] = []
@@ -148,7 +150,7 @@ def _readable(channel: Any, client: Any, queue: str, items: list[Any], tags: lis
         else:
             messages.append(message)
     if poison:
-        park_redis_items(client, channel.qos, queue, poison)
+        park_redis_items(client, channel_qos(channel), queue, poison)
     return messages
 
 
@@ -159,7 +161,7 @@ class AmqpFetcher:
     answers a channel's methods in order, so n pipelined gets cost about one.
     """
 
-    def __init__(self, channel: Any, accept: Any) -> None:
+    def __init__(self, channel: HostChannel, accept: Any) -> None:
         self._channel = channel
         self._accept = prepare_accept_content(accept)
         self._single = GetFetcher(channel, accept)
@@ -189,7 +191,7 @@ class AmqpFetcher:
             yield message
 
 
-def gives_back_in_place(channel: Any) -> bool:
+def gives_back_in_place(channel: HostChannel) -> bool:
     """Whether a message taken on ``channel`` and given back goes ahead of the ones sent after it.
 
     Redis: restored to the head of its list (``compat.redis_claim.restore_in_front``); RabbitMQ: a
@@ -214,15 +216,14 @@ def give_back_in_place(messages: list[Any]) -> None:
             message.reject(requeue=True)
 
 
-def fetcher_for(channel: Any, accept: Any, held_key: str | None = None) -> Fetcher:
+def fetcher_for(channel: HostChannel, accept: Any, held_key: str | None = None) -> Fetcher:
     """The fetcher for ``channel``'s transport; the channel's own reads get their poison guard.
 
     ``held_key``: on Redis, the held set this worker's claims are recorded in (its liveness).
     """
     guard_channel(channel, POISON_POLICY)
-    driver = channel.connection.client.transport.driver_type
-    if driver == "redis":
+    if is_redis(channel):
         return RedisFetcher(channel, accept, held_key)
-    if driver == "amqp" and supports_pipelined_gets(channel):
+    if channel.connection.client.transport.driver_type == "amqp" and supports_pipelined_gets(channel):
         return AmqpFetcher(channel, accept)
     return GetFetcher(channel, accept)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from kombu.messaging import Consumer as KombuConsumer
 
+from celery_durable.compat.host_types import HostChannel, HostMessage
 from celery_durable.compat.transport_guards import guard_channel
 from celery_durable.worker.parking import POISON_POLICY
 from celery_durable.worker.redis_idle_wait import RedisIdleWait
@@ -113,7 +114,7 @@ class ConsumerIdleWait:
             self._consumers.append(consumer)
 
     def _delivered(self, queue_name: str, messages: list[Any]) -> Callable[[Any], None]:
-        def on_message(message: Any) -> None:
+        def on_message(message: HostMessage) -> None:
             # Kept with its channel, which no new wait takes until the message is settled.
             messages.append(message)
             self._on_delivery(queue_name, message)
@@ -165,7 +166,7 @@ class PeekIdleWait:
         self._peek.close()
 
 
-def idle_wait_for(connection: Any, channel: Any, hub: Any, *, accept: Any, on_wake: Callable[[], None],
+def idle_wait_for(connection: Any, channel: HostChannel, hub: Any, *, accept: Any, on_wake: Callable[[], None],
                   on_delivery: OnDelivery) -> IdleWait:
     """The idle wait for ``channel``'s transport: ``on_wake`` kicks a pass, ``on_delivery`` admits a message.
 

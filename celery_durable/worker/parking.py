@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 
+from celery_durable.compat.host_types import HostChannel, HostMessage, RedisChannel, VirtualChannel
+from celery_durable.compat.redis_channel import channel_client, is_redis
 from celery_durable.compat.redis_claim import forget_unacked
 from celery_durable.compat.transport_guards import message_raw, put_raw
 
@@ -53,7 +55,7 @@ def log_parked(queue: str, raw: Any, reason: str) -> None:
     )
 
 
-def undecodable(message: Any) -> str | None:
+def undecodable(message: HostMessage) -> str | None:
     """Why Celery could not decode ``message``'s body, or None if it can.
 
     The body is decoded here, before Celery's strategy sees the message;
@@ -71,7 +73,7 @@ def undecodable(message: Any) -> str | None:
 
 
 class Parker(Protocol):
-    def park(self, queue: str, message: Any, reason: str) -> None:
+    def park(self, queue: str, message: HostMessage, reason: str) -> None:
         """Copy a delivered message to the parked place, log it, then ack it."""
         ...
 
@@ -79,12 +81,12 @@ class Parker(Protocol):
 class RedisParker:
     """Redis: the message's raw item goes on the list ``<queue>.durable.parked``."""
 
-    def __init__(self, channel: Any) -> None:
+    def __init__(self, channel: RedisChannel) -> None:
         self._channel = channel
 
-    def park(self, queue: str, message: Any, reason: str) -> None:
+    def park(self, queue: str, message: HostMessage, reason: str) -> None:
         raw = json.dumps(message_raw(message))
-        with self._channel.conn_or_acquire() as client:
+        with channel_client(self._channel) as client:
             client.lpush(parked_name(queue), raw)
         log_parked(queue, raw, reason)
         # After the push: a crash between the two leaves it parked and still
@@ -107,7 +109,7 @@ class AmqpParker:
             self._declared.clear()
         return self._channel
 
-    def park(self, queue: str, message: Any, reason: str) -> None:
+    def park(self, queue: str, message: HostMessage, reason: str) -> None:
         from amqp import Message as AmqpMessage
 
         channel = self._confirming_channel()
@@ -135,25 +137,24 @@ class AmqpParker:
 class VirtualParker:
     """kombu's virtual transports (the SQLAlchemy broker): the payload goes to the queue ``<queue>.durable.parked``."""
 
-    def __init__(self, channel: Any) -> None:
+    def __init__(self, channel: HostChannel) -> None:
         self._channel = channel
 
-    def park(self, queue: str, message: Any, reason: str) -> None:
+    def park(self, queue: str, message: HostMessage, reason: str) -> None:
         put_raw(self._channel, parked_name(queue), message_raw(message))
         log_parked(queue, json.dumps(message_raw(message)), reason)
         message.ack()
 
 
-def parker_for(connection: Any, channel: Any) -> Parker:
-    driver = connection.transport.driver_type
-    if driver == "redis":
+def parker_for(connection: Any, channel: HostChannel) -> Parker:
+    if is_redis(channel):
         return RedisParker(channel)
-    if driver == "amqp":
+    if connection.transport.driver_type == "amqp":
         return AmqpParker(connection)
     return VirtualParker(channel)
 
 
-def envelope(channel: Any, raw: Any) -> tuple[Any, str | None]:
+def envelope(channel: VirtualChannel, raw: Any) -> tuple[Any, str | None]:
     """A virtual transport's raw item as the channel's Message, or None and why it is not one.
 
     kombu would raise out of its read (taking the worker down) on an item

@@ -9,17 +9,19 @@ from celery.concurrency.prefork import TaskPool as PreforkTaskPool
 from celery.concurrency.thread import TaskPool as ThreadTaskPool
 
 from celery_durable.compat.asynpool import ReapingAsynPool
+from celery_durable.compat.host_types import HostRequest
 from celery_durable.compat.request import request_of_callback
+from celery_durable.compat.thread_pool import cancel_unstarted_and_wait
 
 
 class RunListener(Protocol):
     """What the pool tells about a run the consumer handed it."""
 
-    def run_pooled(self, request: Any) -> None: ...
+    def run_pooled(self, request: HostRequest) -> None: ...
 
-    def run_finished(self, request: Any) -> None: ...
+    def run_finished(self, request: HostRequest) -> None: ...
 
-    def is_handed_back(self, request: Any) -> bool: ...
+    def is_handed_back(self, request: HostRequest) -> bool: ...
 
 
 class DurablePoolMixin:
@@ -55,7 +57,7 @@ class DurablePoolMixin:
 
 
 def _then_release(
-    callback: Callable[..., Any] | None, listener: RunListener, request: Any
+    callback: Callable[..., Any] | None, listener: RunListener, request: HostRequest
 ) -> Callable[..., Any]:
     def finished(*args: Any, **kwargs: Any) -> None:
         try:
@@ -90,4 +92,4 @@ class DurableThreadPool(DurablePoolMixin, ThreadTaskPool):
         drain.join()
         # Runs not yet started were handed back: cancel them here; the running
         # ones (a thread cannot be killed) are waited for.
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        cancel_unstarted_and_wait(self)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.compat.request import cached_context
 from celery_durable.errors import InvariantBroken
 
@@ -16,8 +17,8 @@ class HeldRun:
     """One claimed message and, once the strategy made one, its request."""
 
     queue: str
-    message: Any
-    request: Any = None
+    message: HostMessage
+    request: HostRequest | None = None
     #: Set at the drain deadline: the message went back to the broker, so the
     #: pool's late callbacks for it must not ack it or record a failure.
     handed_back: bool = False
@@ -77,7 +78,7 @@ class HeldRuns:
         return tuple(self._slots)
 
     # -- counting ------------------------------------------------------------
-    def take(self, queue: str, message: Any) -> HeldRun:
+    def take(self, queue: str, message: HostMessage) -> HeldRun:
         run = HeldRun(queue=queue, message=message)
         with self._lock:
             if id(message) in self._runs:
@@ -87,7 +88,7 @@ class HeldRuns:
             self._holding += 1
         return run
 
-    def schedule(self, message: Any) -> bool:
+    def schedule(self, message: HostMessage) -> bool:
         """``message``'s run waits for its ETA: it keeps its count but frees its slot."""
         with self._lock:
             run = self._runs.get(id(message))
@@ -99,7 +100,7 @@ class HeldRuns:
             self._scheduled += 1
             return True
 
-    def try_admit(self, message: Any) -> bool:
+    def try_admit(self, message: HostMessage) -> bool:
         """A scheduled run fell due: take a slot for it if the cap and its queue have one."""
         with self._lock:
             run = self._runs.get(id(message))
@@ -115,7 +116,7 @@ class HeldRuns:
             self._scheduled -= 1
             return True
 
-    def find(self, message: Any) -> HeldRun | None:
+    def find(self, message: HostMessage) -> HeldRun | None:
         with self._lock:
             return self._runs.get(id(message))
 
@@ -138,7 +139,7 @@ class HeldRuns:
                       if not run.in_pool and task_id is not None and getattr(run.request, "id", None) == task_id]
         return candidates[0] if len(candidates) == 1 else None
 
-    def give_back(self, message: Any) -> HeldRun | None:
+    def give_back(self, message: HostMessage) -> HeldRun | None:
         """Return the count of ``message``'s run; None if it was already returned."""
         with self._lock:
             run = self._runs.pop(id(message), None)

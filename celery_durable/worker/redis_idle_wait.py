@@ -30,6 +30,8 @@ from typing import Any
 
 import redis
 
+from celery_durable.compat.host_types import HostChannel, RedisChannel
+from celery_durable.compat.redis_channel import is_redis
 from celery_durable.compat.redis_claim import open_blocking_connection, prefixed_priority_lists, send_peek, socket_fd
 
 logger = logging.getLogger(__name__)
@@ -47,7 +49,7 @@ MAX_PEEK_LISTS = 64
 class RedisIdleWait:
     """Watches a worker's waitable queues on Redis and calls ``on_wake`` when one has a message."""
 
-    def __init__(self, channel: Any, hub: Any, on_wake: Callable[[], None]) -> None:
+    def __init__(self, channel: RedisChannel, hub: Any, on_wake: Callable[[], None]) -> None:
         self._channel = channel
         self._hub = hub
         self._on_wake = on_wake
@@ -65,9 +67,9 @@ class RedisIdleWait:
         self._lists: dict[str, list[str]] = {}
 
     @classmethod
-    def for_channel(cls, channel: Any, hub: Any, on_wake: Callable[[], None]) -> RedisIdleWait | None:
+    def for_channel(cls, channel: HostChannel, hub: Any, on_wake: Callable[[], None]) -> RedisIdleWait | None:
         """The wait for a Redis ``channel`` in a loop with a hub; None elsewhere (kombu's consumer waits)."""
-        if hub is None or channel.connection.client.transport.driver_type != "redis":
+        if hub is None or not is_redis(channel):
             return None
         return cls(channel, hub, on_wake)
 

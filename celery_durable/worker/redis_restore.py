@@ -7,13 +7,14 @@ from collections.abc import Callable, Iterable
 from time import monotonic, time
 from typing import Any
 
+from celery_durable.compat.host_types import RedisChannel
+from celery_durable.compat.redis_channel import channel_client, channel_qos, visibility_timeout
 from celery_durable.compat.redis_claim import renew_unacked
 from celery_durable.compat.redis_holders import (
     HeldSetUnreadable,
     HolderScripts,
     held_key,
     restore_limit,
-    visibility_timeout,
 )
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class RedisRestorer:
     worker never restores them either.
     """
 
-    def __init__(self, channel: Any, interval: float, holder: str, lease_ttl: float,
+    def __init__(self, channel: RedisChannel, interval: float, holder: str, lease_ttl: float,
                  clock: Callable[[], float] = monotonic) -> None:
         self._channel = channel
         self.interval = interval
@@ -147,10 +148,10 @@ class RedisRestorer:
         if not scores:
             return 0
         try:
-            with self._channel.conn_or_acquire() as client:
+            with channel_client(self._channel) as client:
                 # XX: only tags still in the index. A tag another worker already
                 # restored (this one's renewals were late) is not re-added as held.
-                renew_unacked(client, self._channel.qos, scores)
+                renew_unacked(client, channel_qos(self._channel), scores)
         except self._channel.connection_errors:
             logger.warning("durable.redis.renew_failed held=%d", len(scores), exc_info=True)
             return 0

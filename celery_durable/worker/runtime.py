@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from time import monotonic
 from typing import Any
 
+from celery_durable.compat.host_types import HostMessage, HostRequest
+from celery_durable.compat.request import skip_ack, was_acknowledged
 from celery_durable.config import DurableConfig
 from celery_durable.planning.claim_sweep import capacity
 from celery_durable.worker.claim_stats import ClaimStats
@@ -161,7 +163,7 @@ class WorkerRuntime:
         return [run.message for run in self.held.snapshot()]
 
     # -- ETA runs: counted while they wait, given a slot when due -----------------------
-    def when_admitted(self, request: Any, go: Callable[[], None]) -> None:
+    def when_admitted(self, request: HostRequest, go: Callable[[], None]) -> None:
         """Start ``request`` (``go``) when it fits; called when its ETA passes."""
         if self._handed_back(request) or not self._within_limits_when_due(request):
             return
@@ -185,7 +187,7 @@ class WorkerRuntime:
             else:
                 self._due.append((request, go))
 
-    def _within_limits_when_due(self, request: Any) -> bool:
+    def _within_limits_when_due(self, request: HostRequest) -> bool:
         """An ETA run takes its fleet-limit leases when due; False if it was parked or dropped instead."""
         run = self.held.find(request.message)
         if self.gate is None or run is None or run.limit_checked:
@@ -205,13 +207,13 @@ class WorkerRuntime:
         if run.limit_grant is not None and self.gate is not None:
             self.gate.release(run.limit_grant, started=run.in_pool)
 
-    def _handed_back(self, request: Any) -> bool:
+    def _handed_back(self, request: HostRequest) -> bool:
         """The drain gave the message back to the broker: starting the run here would run it twice."""
         run = self.held.find(request.message)
         return run is not None and run.handed_back
 
     # -- counting: what the strategy, the pool and the revoke signal tell -----------------
-    def request_made(self, request: Any) -> None:
+    def request_made(self, request: HostRequest) -> None:
         """Celery's strategy made ``request`` for the message being admitted."""
         if self.claimer is not None:
             self.claimer.bind_request(request)
@@ -225,10 +227,10 @@ class WorkerRuntime:
         discarded before binding is given back by the claimer.
         """
         run = self.held.find_revoked(context)
-        if run is not None and not run.in_pool:
+        if run is not None and run.request is not None and not run.in_pool:
             self.run_finished(run.request)
 
-    def settle_dropped(self, message: Any) -> None:
+    def settle_dropped(self, message: HostMessage) -> None:
         """Give back the count of a request the strategy settled itself, after binding it.
 
         Celery's strategy makes the request (binding it to its count) before it
@@ -241,19 +243,19 @@ class WorkerRuntime:
         run = self.held.find(message)
         if run is None or run.request is None or run.in_pool:
             return
-        if getattr(run.request, "acknowledged", False):
+        if was_acknowledged(run.request):
             self.run_finished(run.request)
 
-    def run_pooled(self, request: Any) -> None:
+    def run_pooled(self, request: HostRequest) -> None:
         run = self.held.find(request.message)
         if run is not None:
             run.in_pool = True
 
-    def run_finished(self, request: Any) -> None:
+    def run_finished(self, request: HostRequest) -> None:
         if self.held.give_back(request.message) is not None:
             self.kick()
 
-    def is_handed_back(self, request: Any) -> bool:
+    def is_handed_back(self, request: HostRequest) -> bool:
         run = self.held.find(request.message)
         return bool(run is not None and run.handed_back)
 
@@ -304,7 +306,7 @@ class WorkerRuntime:
             if not run.in_pool:
                 self.held.give_back(run.message)
             elif run.request is not None:
-                run.request.acknowledged = True
+                skip_ack(run.request)
 
     def stop(self) -> None:
         if self.claimer is not None:

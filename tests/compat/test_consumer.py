@@ -17,7 +17,7 @@ from celery.worker.consumer.consumer import Evloop
 from celery.worker.loops import asynloop
 from kombu.asynchronous import Hub
 
-from celery_durable.compat.consumer import ClaimingTaskConsumer, ConsumerHooks, claiming_loop
+from celery_durable.compat.consumer import ClaimingTaskConsumer, ConsumerHooks, claiming_loop, consumer_blueprint
 from tests.compat.conftest import TaskMessage
 
 #: claiming_loop's parameters: what Celery's Evloop step passes as ``c.loop(*c.loop_args())``.
@@ -316,3 +316,33 @@ def test_consumer_restore_prefetch_count_after_connection_restart_is_a_no_op_onc
     hooks._maximum_prefetch_restored = False
     hooks._restore_prefetch_count_after_connection_restart(None, "ack result")
     assert hooks._maximum_prefetch_restored is True
+
+
+def _step_names(consumer: Any) -> list[str]:
+    return [step.name for step in consumer.blueprint.order]
+
+
+def test_consumer_blueprint_builds_celerys_steps_and_then_the_extra_ones(app: Celery) -> None:
+    class Extended(Consumer):  # type: ignore[misc]
+        Blueprint = consumer_blueprint(f"{__name__}:MarkerStep")
+
+    stock, extended = _step_names(make_consumer(app, Consumer)), _step_names(make_consumer(app, Extended))
+    assert f"{__name__}.MarkerStep" in extended
+    # The blueprint orders steps by their requirements only: independent ones come in any order.
+    assert sorted(name for name in extended if name != f"{__name__}.MarkerStep") == sorted(stock)
+    assert extended.index(f"{__name__}.MarkerStep") > extended.index("celery.worker.consumer.tasks.Tasks")
+    assert Extended.Blueprint.name == Consumer.Blueprint.name
+
+
+def test_consumer_blueprint_adds_a_step_only_to_the_consumer_class_it_is_set_on(app: Celery) -> None:
+    class Extended(Consumer):  # type: ignore[misc]
+        Blueprint = consumer_blueprint(f"{__name__}:MarkerStep")
+
+    make_consumer(app, Extended)
+    assert f"{__name__}.MarkerStep" not in _step_names(make_consumer(app, Consumer))
+
+
+class MarkerStep(bootsteps.StartStopStep):
+    """A consumer step the tests can find (it requires Celery's Tasks step, as DurableStats does)."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)

@@ -88,3 +88,28 @@ def test_host_check_does_not_refuse_without_an_optional_touch_point(monkeypatch:
         _remove(monkeypatch, point)
     assert missing() == []
     check_host()
+
+
+def test_host_check_instance_touch_points_are_present_on_this_install() -> None:
+    assert host_check.missing_on_instances() == []
+
+
+@pytest.mark.parametrize("point", host_check.INSTANCE_TOUCH_POINTS,
+                         ids=[p.name for p in host_check.INSTANCE_TOUCH_POINTS])
+def test_host_check_refuses_a_host_whose_instance_lacks_the_touch_point(monkeypatch: pytest.MonkeyPatch,
+                                                                        point: host_check.InstanceTouchPoint) -> None:
+    module = importlib.import_module(point.module)
+    real = getattr(module, point.factory)
+
+    def without_it(*args: object, **kwargs: object) -> object:
+        instance = real(*args, **kwargs)
+        executor = getattr(instance, "executor", None)
+        if executor is not None:
+            executor.shutdown(wait=False)
+        delattr(instance, point.attribute)
+        return instance
+
+    monkeypatch.setattr(module, point.factory, without_it)
+    assert [p.name for p in host_check.missing_on_instances()] == [point.name]
+    with pytest.raises(HostIncompatible, match=point.name.replace("(", r"\(").replace(")", r"\)")):
+        check_host()

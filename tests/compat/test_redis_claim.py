@@ -261,3 +261,14 @@ def test_peek_on_an_empty_list_answers_nil_at_its_timeout_and_its_socket_is_poll
         assert connection.read_response() is None
     finally:
         connection.disconnect()
+
+
+def test_socket_fd_is_the_socket_redis_py_keeps_as_connection_sock(redis_queue: Any) -> None:
+    q = redis_queue()
+    connection = redis_claim.open_blocking_connection(q.channel)
+    try:
+        # redis-py keeps the connected socket as Connection._sock (None until connect, and after disconnect).
+        assert redis_claim.socket_fd(connection) == connection._sock.fileno()
+    finally:
+        connection.disconnect()
+    assert connection._sock is None

@@ -13,7 +13,7 @@ from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
 from celery.worker.request import Request
 
-from celery_durable.compat.request import cached_context, request_of_callback, waits_for_eta
+from celery_durable.compat.request import cached_context, request_of_callback, skip_ack, waits_for_eta, was_acknowledged
 from tests.compat.conftest import TaskMessage
 
 
@@ -184,3 +184,20 @@ def test_request_execute_using_pool_passes_its_bound_on_success_and_on_failure(a
     assert request_of_callback(applied["callback"]) is request
     assert request_of_callback(applied["error_callback"]) is request
     assert request_of_callback(lambda *a: None) is None
+
+
+@pytest.mark.parametrize("settle", ["acknowledge", "reject"])
+def test_request_skip_ack_makes_its_late_ack_and_reject_send_nothing(app: Celery, receive: Any, settle: str) -> None:
+    request, _ = receive(app.tasks["compat.add"].s(1, 2))
+    assert not was_acknowledged(request)
+    skip_ack(request)
+    assert was_acknowledged(request)
+    getattr(request, settle)()
+    # The message was never acked or rejected through the request: it is still the broker's.
+    assert not request.message.acknowledged
+
+
+def test_request_acknowledge_marks_it_acknowledged(app: Celery, receive: Any) -> None:
+    request, _ = receive(app.tasks["compat.add"].s(1, 2))
+    request.acknowledge()
+    assert was_acknowledged(request) and request.message.acknowledged

@@ -141,3 +141,26 @@ def test_channel_get_guarded_parks_a_poison_row_and_delivers_the_next(sql_url: s
         [row] = rows(parked_name(queue.name))
         assert bytes(row.payload) == NOT_JSON and row.visible is not False, "parked byte for byte, readable"
         assert "durable.message.parked" in caplog.text
+
+
+@pytest.mark.redis
+def test_redis_channel_queue_cycle_is_the_order_brpop_asks_queues_in_and_rotate_moves_one_last() -> None:
+    # The guarded _brpop_read rotates the queue it took from to the end, as kombu's own does.
+    require("Redis", redis_problem())
+    names = [unique("cycle") for _ in range(3)]
+    with Connection(REDIS_URL) as conn:
+        channel = conn.channel()
+        for name in names:
+            _queue(name)(channel).declare()
+        consumer = Consumer(channel, [_queue(name) for name in names], callbacks=[lambda body, message: None])
+        consumer.consume()
+        try:
+            cycle = channel._queue_cycle
+            assert sorted(cycle.consume(3)) == sorted(names)
+            names = cycle.consume(3)
+            cycle.rotate(names[0])
+            assert cycle.consume(3) == [*names[1:], names[0]]
+        finally:
+            consumer.cancel()
+            for name in names:
+                channel.queue_delete(name)

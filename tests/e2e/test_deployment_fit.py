@@ -17,7 +17,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_durable.planning.checkpoints import from_json
+from celery_durable.store.json_values import from_json
 from celery_durable.testing import read_run
 from tests.e2e.durable_support import APP as DURABLE_APP
 from tests.e2e.durable_support import conf as durable_conf

@@ -29,10 +29,8 @@ from celery_durable.planning.checkpoints import (
     StepKey,
     check_run_id,
     check_step_name,
-    encode,
-    from_json,
-    to_json,
 )
+from celery_durable.store.json_values import encode, from_json, to_json
 
 
 def test_occurrences_count_by_call_order_per_name():

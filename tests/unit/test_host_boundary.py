@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from celery_durable.compat.boundary import HOST_PACKAGES, PRIVATE_NAMES_ALLOWED, UNDOCUMENTED_HOST_NAMES
+from celery_durable.compat.boundary import (
+    HOST_NAMES_NOT_WRITTEN,
+    HOST_PACKAGES,
+    PRIVATE_NAMES_ALLOWED,
+    UNDOCUMENTED_HOST_NAMES,
+)
 
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_durable"
 COMPAT = PACKAGE / "compat"
@@ -51,6 +56,8 @@ def _name_violations(tree: ast.Module, where: str) -> Iterator[str]:
                 yield f"{where}:{node.lineno} reads ._{node.attr[1:]} of another object"
             if node.attr in UNDOCUMENTED_HOST_NAMES or node.attr == "__self__":
                 yield f"{where}:{node.lineno} uses the undocumented host name {node.attr}"
+            if node.attr in HOST_NAMES_NOT_WRITTEN and isinstance(node.ctx, (ast.Store, ast.Del)):
+                yield f"{where}:{node.lineno} writes the host attribute {node.attr}"
         elif isinstance(node, ast.ImportFrom) and _is_host_module(node.module):
             for alias in node.names:
                 if _is_private(alias.name) or alias.name in UNDOCUMENTED_HOST_NAMES:
@@ -62,6 +69,9 @@ def _name_violations(tree: ast.Module, where: str) -> Iterator[str]:
                     and (_is_private(key.value) or key.value in UNDOCUMENTED_HOST_NAMES or key.value == "__self__") \
                     and key.value not in PRIVATE_NAMES_ALLOWED:
                 yield f"{where}:{node.lineno} looks up {key.value!r} by name"
+            if node.func.id in ("setattr", "delattr") and isinstance(key, ast.Constant) \
+                    and key.value in HOST_NAMES_NOT_WRITTEN:
+                yield f"{where}:{node.lineno} writes the host attribute {key.value} by name"
         elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
                 and node.value.attr == "__dict__":
             yield f"{where}:{node.lineno} reads an instance __dict__"
@@ -110,7 +120,12 @@ def test_the_check_sees_each_kind_of_host_internal() -> None:
         'callback.__self__\n'
         'self._own_name\n'
         'row._mapping\n'
+        'worker.concurrency = 4\n'
+        'setattr(request, "acknowledged", True)\n'
+        'if request.acknowledged: pass\n'
+        'with channel.conn_or_acquire() as client: pass\n'
     )
     found = list(_name_violations(ast.parse(source), "sample.py"))
     assert sorted(line.split(" ", 1)[0] for line in found) == [
-        "sample.py:1", "sample.py:2", "sample.py:3", "sample.py:4", "sample.py:5", "sample.py:6"], found
+        "sample.py:1", "sample.py:10", "sample.py:12", "sample.py:2", "sample.py:3", "sample.py:4", "sample.py:5",
+        "sample.py:6", "sample.py:9"], found

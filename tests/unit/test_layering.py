@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,33 @@ def test_no_module_imports_from_a_layer_above_it(module):
     if own in PURE:
         allowed = PURE[own] | {own}
         assert {_part(t) for t in GRAPH[module]} <= allowed, f"{module} imports {GRAPH[module]}"
+
+
+def _third_party_imports(source: str) -> set[str]:
+    """The top-level names of the modules ``source`` imports that are neither the standard library's nor ours."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found.update(name.split(".")[0] for name in names)
+    return {name for name in found if name not in sys.stdlib_module_names and name != "celery_durable"}
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "planning").rglob("*.py")), ids=lambda p: p.name)
+def test_planning_imports_only_the_standard_library_and_our_pure_layer(path):
+    # Pure: planners are tested from tables, with no Celery, kombu or SQLAlchemy behind them.
+    assert _third_party_imports(path.read_text()) == set()
+
+
+def test_the_third_party_check_sees_an_import_in_any_form():
+    source = ("import kombu.utils\nfrom celery.schedules import crontab\nimport json\nfrom . import x\n"
+              "from celery_durable.errors import DurableError\n"
+              "def f():\n    import sqlalchemy\n")
+    assert _third_party_imports(source) == {"kombu", "celery", "sqlalchemy"}
 
 
 def test_no_import_cycles():

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery_durable.compat.amqp import publish_unconfirmed
+from celery_durable.compat.host_types import AmqpChannel
 from celery_durable.compat.kombu_publish import producer_batch_seam_free
 from celery_durable.outbox.publishing.outcome import BatchPublished, Now
 from celery_durable.outbox.publishing.task_message import Captured, RowSender
@@ -94,7 +95,7 @@ def _confirm_channel(connection: Any) -> Any:
     return channel
 
 
-def _close(connection: Any, channel: Any, healthy: bool) -> None:
+def _close(connection: Any, channel: AmqpChannel, healthy: bool) -> None:
     if healthy and channel.is_open:
         try:
             channel.close()

@@ -26,7 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from celery_durable.compat.host_types import RedisChannel
 from celery_durable.compat.kombu_publish import producer_batch_seam_free, record_redis_put, redis_batch_supported
+from celery_durable.compat.redis_channel import channel_client
 from celery_durable.outbox.publishing.outcome import BatchPublished, Now
 from celery_durable.outbox.publishing.task_message import Captured, RowSender
 from celery_durable.store.outbox import OutboxRow
@@ -51,7 +53,7 @@ class _Pending:
 
 
 def publish(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> BatchPublished:
-    channel = producer.channel
+    channel: RedisChannel = producer.channel
     sender = RowSender(app, producer, now)
     # Building first, writing second: a row that cannot be built stops the
     # batch before anything of it is written, and what comes before it goes
@@ -92,7 +94,7 @@ def publish(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> Bat
     return BatchPublished(sent, build_error, batched, one_by_one)
 
 
-def commands_for(channel: Any, captured: Captured,
+def commands_for(channel: RedisChannel, captured: Captured,
                  routes: dict[tuple[str, str], frozenset[str]]) -> list[Command] | None:
     """The Redis commands kombu's ``basic_publish`` would run for ``captured``; None to leave it to kombu."""
     exchange, routing_key = captured.exchange, captured.routing_key
@@ -104,7 +106,7 @@ def commands_for(channel: Any, captured: Captured,
     return recorder.commands
 
 
-def _queues(channel: Any, exchange: str, routing_key: str,
+def _queues(channel: RedisChannel, exchange: str, routing_key: str,
             routes: dict[tuple[str, str], frozenset[str]]) -> frozenset[str]:
     if not exchange:
         # The anonymous exchange: kombu puts the message on the list named by the routing key.
@@ -129,11 +131,11 @@ class _Recorder:
         self.commands.append((name, args))
 
 
-def execute(channel: Any, commands: Sequence[Command]) -> None:
+def execute(channel: RedisChannel, commands: Sequence[Command]) -> None:
     """Run ``commands`` in one MULTI/EXEC on the channel's own client (key prefix and pool included)."""
     if not commands:
         return
-    with channel.conn_or_acquire() as client, client.pipeline(transaction=True) as pipe:
+    with channel_client(channel) as client, client.pipeline(transaction=True) as pipe:
         for name, args in coalesce_pushes(commands):
             getattr(pipe, name)(*args)
         pipe.execute()

@@ -9,9 +9,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from celery_durable.compat.host_types import HostChannel
 from celery_durable.compat.kombu_publish import producer_batch_seam_free, producer_publishes_to
 from celery_durable.outbox.publishing.sent_events import SentEventEmitter, SentEventRecorder
-from celery_durable.planning.checkpoints import from_json
+from celery_durable.store.json_values import from_json
 from celery_durable.store.outbox import OutboxRow
 
 #: Kombu's own retry inside one publish: enough to ride over a stale pooled
@@ -28,7 +29,7 @@ class Captured:
     already made); ``publish_kwargs`` are the exact keywords of that call.
     """
 
-    channel: Any
+    channel: HostChannel
     message: Any
     publish_kwargs: dict[str, Any]
     #: The row's ``task-sent`` event under ``task_send_sent_event``, to emit once the broker has the message.
@@ -148,7 +149,7 @@ class _Collector:
     def __init__(self) -> None:
         self.captured: list[Captured] = []
 
-    def publish(self, channel: Any, message: Any, **publish_kwargs: Any) -> None:
+    def publish(self, channel: HostChannel, message: Any, **publish_kwargs: Any) -> None:
         self.captured.append(Captured(channel, message, publish_kwargs))
 
 
