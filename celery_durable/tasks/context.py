@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from celery.exceptions import Ignore
 from sqlalchemy.engine import Connection, Engine
 
-from celery_durable.errors import NotDurable, StoreUnavailable
+from celery_durable.errors import NotDurable, SleepHandOff, StoreUnavailable
 from celery_durable.faults import AFTER_COMMIT, BEFORE_COMMIT, BEFORE_FN, NO_FAULTS, FaultPoints
 from celery_durable.planning.checkpoints import Ledger, check_step_name, from_json, to_json
 from celery_durable.store import runs, steps
@@ -142,7 +141,7 @@ class RunContext:
             outage.failed(self.url, err, "durable.sleep.hand_off_failed", run_id=self.run.id)
             marked_sleeping = False
         logger.debug("durable.sleep.handed_off id=%s marked_sleeping=%s", self.run.id, marked_sleeping)
-        raise Ignore(f"durable sleep {name!r}: woken again in {remaining:.3f}s")
+        raise SleepHandOff(name, remaining)
 
 
 def _wake_time(seconds: float) -> float:

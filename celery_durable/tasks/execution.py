@@ -23,7 +23,7 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from celery_durable import faults
 from celery_durable.config import lease_ttl
-from celery_durable.errors import NotDurable, RunExhausted, RunIdInvalid, StoreUnavailable
+from celery_durable.errors import NotDurable, RunExhausted, RunIdInvalid, SleepHandOff, StoreUnavailable
 from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.metrics import jobs as metrics
 from celery_durable.planning import run_admission
@@ -149,8 +149,11 @@ def _attempt(ctx: RunContext, body: Callable[..., Any], bind: bool, args: tuple[
     try:
         value = body(task, *args, **kwargs) if bind else body(*args, **kwargs)
         encoded = encode(f"the result of {task.name}", value)
+    except SleepHandOff as handoff:
+        # The run is not over and did not fail: this delivery is acked, the wake-up resumes it.
+        raise Ignore(str(handoff)) from None
     except (Ignore, Reject, StoreUnavailable):
-        # A durable sleep (or the body's own choice): the run is not over and did not fail.
+        # The body's own choice: the run is not over and did not fail.
         # The store being down is no failure of the run either: the caller waits for it.
         raise
     except Retry as exc:
