@@ -63,20 +63,6 @@ class ClaimingTaskConsumer:
         self._claimer.start()
 
 
-class ClaimingConsumer(Protocol):
-    """What the durable loop needs from the consumer beyond Celery's own."""
-
-    connection: Any
-
-    def new_claimer(self, connection: Any, hub: Any) -> Any: ...
-
-    def settle_dropped(self, message: Any) -> None: ...
-
-    def run_scheduled(self) -> None: ...
-
-    def idle_poll_interval(self) -> float: ...
-
-
 def claiming_loop(
     obj: Any,
     connection: Any,

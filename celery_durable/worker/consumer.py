@@ -61,25 +61,14 @@ class DurableConsumer(ConsumerHooks):
             stop_requested=shutdown_requested,
             gate=_limit_gate(self.app, config, limits_for(self.controller)),
         )
-        # Kept as attributes: the e2e harness and remote control read them.
-        self.held = self.runtime.held
-        self.drain = self.runtime.drain
         self._kicks: LoopKicks | None = None
         self.pool.run_listener = self.runtime
-        self.pool.drain = self.drain
+        self.pool.drain = self.runtime.drain
         signals.task_received.connect(self._on_task_received, sender=self, weak=False)
         signals.task_revoked.connect(self._on_task_revoked, weak=False)
         worker_gauges.register_worker(self.runtime, config)
         self._queue_watch = queue_metrics.watch(self.app, lambda: list(self.app.amqp.queues.consume_from.values()),
                                                 resolve_url(config.database_url))
-
-    @property
-    def durable_capacity(self) -> int:
-        return self.runtime.capacity()
-
-    @property
-    def claimer(self) -> Claimer | None:
-        return self.runtime.claimer
 
     def _loop_kicks(self, hub: Any) -> LoopKicks | None:
         # One per connection: Celery resets its hub (forgetting every fd) when it reconnects.
@@ -186,9 +175,6 @@ class DurableConsumer(ConsumerHooks):
             queue_metrics.unwatch(self._queue_watch)
             self.runtime.close_limits()
             self.runtime.leave_broker()
-
-    def durable_stats(self) -> dict[str, Any]:
-        return self.runtime.stats()
 
 
 def _limit_gate(app: Any, config: DurableConfig, limits: dict[str, TaskLimits]) -> LimitGate | None:
