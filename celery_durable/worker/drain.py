@@ -12,7 +12,7 @@ from typing import Any
 
 from celery_durable.config import DurableConfig
 from celery_durable.planning.queue_age import SENT_AT_HEADER
-from celery_durable.worker.process_cap import HeldRun, HeldRuns
+from celery_durable.worker.held_runs import HeldRun, HeldRuns
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from celery_durable.worker.claim_stats import ClaimStats
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.drain import Drain
 from celery_durable.worker.fetchers import Fetcher, fetcher_for
+from celery_durable.worker.held_runs import HeldRun, HeldRuns
 from celery_durable.worker.limit_gate import LimitGate
-from celery_durable.worker.process_cap import HeldRun, HeldRuns
 from celery_durable.worker.redis_restore import RedisRestorer
 
 logger = logging.getLogger(__name__)
