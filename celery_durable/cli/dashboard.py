@@ -32,6 +32,7 @@ from celery_durable.cli.group import durable, store_url_of
 from celery_durable.cli.options import Seconds
 from celery_durable.cli.status import fleet_snapshot
 from celery_durable.errors import ConfigInvalid, DurableError
+from celery_durable.headers import DASHBOARD_TOKEN_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def _handler(dashboard: Dashboard, files: dict[str, tuple[bytes, str]]) -> type[
             if dashboard.token is None:
                 self._json(HTTPStatus.FORBIDDEN, {"error": "read-only: set durable_dashboard_token to allow actions"})
                 return
-            if not dashboard.allows(self.headers.get("X-Durable-Token")):
+            if not dashboard.allows(self.headers.get(DASHBOARD_TOKEN_HEADER)):
                 self._json(HTTPStatus.FORBIDDEN, {"error": "the token is missing or wrong"})
                 return
             run_id, verb = unquote(parts[2]), parts[3]

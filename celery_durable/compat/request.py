@@ -7,6 +7,8 @@ from typing import Any
 
 from celery.worker.request import Request
 
+from celery_durable.headers import ETA_HEADER
+
 
 def waits_for_eta(request: Any, *, in_pool: bool) -> bool:
     """True once Celery's strategy put the request on the consumer's timer for its ETA/countdown.
@@ -54,7 +56,7 @@ def eta_ahead(message: Any) -> bool:
     Such a run takes its fleet-limit leases when it falls due, not when it is
     claimed: hours of countdown must not hold a lease.
     """
-    eta = (message.headers or {}).get("eta")
+    eta = (message.headers or {}).get(ETA_HEADER)
     if not eta:
         return False
     try:

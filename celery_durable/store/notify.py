@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import exc
 from sqlalchemy.engine import Engine
 
-from celery_durable.store.outbox import CHANNEL
+from celery_durable.headers import OUTBOX_CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class Waker:
     and a store that is out fails every wait's reopening.
     """
 
-    def __init__(self, engine: Engine | None, channel: str = CHANNEL,
+    def __init__(self, engine: Engine | None, channel: str = OUTBOX_CHANNEL,
                  report: Callable[[BaseException | None], None] | None = None) -> None:
         self._channel = channel
         self._report = report

@@ -24,6 +24,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery_durable import faults
 from celery_durable.config import lease_ttl
 from celery_durable.errors import NotDurable, RunExhausted, RunIdInvalid, SleepHandOff, StoreUnavailable
+from celery_durable.headers import RESUME_HEADER, STORE_WAITS_HEADER
 from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.metrics import jobs as metrics
 from celery_durable.planning import run_admission
@@ -36,7 +37,6 @@ from celery_durable.store.runs import Run
 from celery_durable.store.schema import DEAD, FAILED, SETTLED, SLEEPING, SUCCEEDED
 from celery_durable.tasks import store_outage as outage
 from celery_durable.tasks.context import RunContext, _current
-from celery_durable.tasks.headers import RESUME_HEADER, STORE_WAITS_HEADER
 
 logger = logging.getLogger("celery_durable.run")
 

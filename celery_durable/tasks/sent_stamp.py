@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import signals
 
-from celery_durable.planning.queue_age import SENT_AT_HEADER
+from celery_durable.headers import SENT_AT_HEADER
 
 
 def stamp(headers: dict[str, Any] | None = None, **_: Any) -> None:

@@ -11,7 +11,7 @@ from time import monotonic, time
 from typing import Any
 
 from celery_durable.config import DurableConfig
-from celery_durable.planning.queue_age import SENT_AT_HEADER
+from celery_durable.headers import SENT_AT_HEADER, TASK_ID_HEADER
 from celery_durable.worker.held_runs import HeldRun, HeldRuns
 
 logger = logging.getLogger(__name__)
@@ -136,4 +136,4 @@ def _started(run: HeldRun) -> bool:
 
 def _task_id(message: Any) -> Any:
     headers = message.headers or {}
-    return headers.get("id")
+    return headers.get(TASK_ID_HEADER)

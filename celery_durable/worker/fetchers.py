@@ -12,8 +12,8 @@ from kombu.serialization import prepare_accept_content
 from celery_durable.compat import redis_claim
 from celery_durable.compat.amqp import pipelined_gets, pipelined_ready_counts, supports_pipelined_gets
 from celery_durable.compat.transport_guards import guard_channel
+from celery_durable.headers import PARKED_SUFFIX
 from celery_durable.worker.parking import (
-    PARKED_SUFFIX,
     POISON_POLICY,
     envelope,
     log_parked,

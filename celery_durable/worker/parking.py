@@ -23,10 +23,10 @@ from kombu.utils.encoding import bytes_to_str, str_to_bytes
 
 from celery_durable.compat.redis_claim import forget_unacked
 from celery_durable.compat.transport_guards import message_raw, put_raw
+from celery_durable.headers import PARKED_FROM_HEADER, PARKED_REASON_HEADER, PARKED_SUFFIX
 
 logger = logging.getLogger(__name__)
 
-PARKED_SUFFIX = ".durable.parked"
 #: How much of a parked item the log shows: enough to recognise it, not a whole payload.
 HEAD_BYTES = 200
 
@@ -120,8 +120,8 @@ class AmqpParker:
         if not message.errors:
             # kombu decompressed the body on delivery: the copy is not compressed.
             headers.pop("compression", None)
-        headers["x-durable-parked-from"] = queue
-        headers["x-durable-parked-reason"] = reason[:1000]
+        headers[PARKED_FROM_HEADER] = queue
+        headers[PARKED_REASON_HEADER] = reason[:1000]
         properties["application_headers"] = headers
         properties["delivery_mode"] = 2
         body = message.body if isinstance(message.body, bytes) else str_to_bytes(message.body or "")

@@ -17,11 +17,11 @@ from celery import Celery
 from kombu import Connection, Exchange, Queue
 
 from celery_durable import outbox
+from celery_durable.headers import SENT_AT_HEADER
 from celery_durable.outbox.publishing import amqp_confirms, redis_pipeline
 from celery_durable.outbox.publishing.batch import publish_batch, publish_one_by_one
 from celery_durable.outbox.publishing.outcome import BatchPublished
 from celery_durable.outbox.relay import Relay
-from celery_durable.planning.queue_age import SENT_AT_HEADER
 from celery_durable.store import outbox as store
 from celery_durable.store.outbox import OutboxRow
 from celery_durable.tasks.sent_stamp import connect as stamp_sent_messages
