@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import signals
-
 from celery_durable.errors import NotJSON
 from celery_durable.metrics import jobs as metrics
 from celery_durable.planning.checkpoints import encode
@@ -23,10 +21,6 @@ from celery_durable.store.engine import autocommit, ensure_schema, store_url, un
 from celery_durable.tasks.execution import call_hook
 
 logger = logging.getLogger("celery_durable.run")
-
-
-def connect() -> None:
-    signals.task_revoked.connect(on_task_revoked, weak=False, dispatch_uid="celery_durable.task_revoked")
 
 
 def on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = False, signum: Any = None,

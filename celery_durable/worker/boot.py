@@ -9,8 +9,6 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery import signals
-
 from celery_durable.compat.host_check import check_host
 from celery_durable.compat.pool_alias import register_pool_alias
 from celery_durable.config import DurableConfig, from_celery_conf
@@ -19,6 +17,7 @@ from celery_durable.metrics import count_files
 from celery_durable.planning import limit_declarations as declarations
 from celery_durable.planning.limit_declarations import LimitInvalid, TaskLimits
 from celery_durable.worker import cli_options
+from celery_durable.worker.signals import connect_boot, connect_worker_shutdown
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +71,7 @@ def register() -> None:
     register_pool_alias(POOL_ALIAS, POOL_PATH)
     if _registered:
         return
-    signals.celeryd_init.connect(_remember_command_line, weak=False, dispatch_uid="celery_durable.celeryd_init")
-    signals.worker_init.connect(_wire_durable_worker, weak=False, dispatch_uid="celery_durable.worker_init")
+    connect_boot(_remember_command_line, _wire_durable_worker)
     _registered = True
 
 
@@ -196,7 +194,7 @@ def _share_counts(worker: Any) -> None:
             count_files.unshare(directory)
 
     # Sent after a warm shutdown has joined the pool: no child counts after it.
-    signals.worker_shutdown.connect(remove, weak=False)
+    connect_worker_shutdown(remove)
     # A cold shutdown sends no worker_shutdown.
     atexit.register(remove)
 

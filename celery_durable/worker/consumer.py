@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from celery import bootsteps, signals
+from celery import bootsteps
 from celery.worker.consumer import Consumer
 
 from celery_durable.compat.consumer import ConsumerHooks, claiming_loop
@@ -20,6 +20,7 @@ from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.limit_gate import LimitDispatcher, LimitGate
 from celery_durable.worker.loop_kicks import LoopKicks
 from celery_durable.worker.runtime import WorkerRuntime
+from celery_durable.worker.signals import connect_consumer, disconnect_consumer
 
 
 class DurableStats(bootsteps.StartStopStep):
@@ -64,8 +65,7 @@ class DurableConsumer(ConsumerHooks):
         self._kicks: LoopKicks | None = None
         self.pool.run_listener = self.runtime
         self.pool.drain = self.runtime.drain
-        signals.task_received.connect(self._on_task_received, sender=self, weak=False)
-        signals.task_revoked.connect(self._on_task_revoked, weak=False)
+        connect_consumer(self, self._on_task_received, self._on_task_revoked)
         worker_gauges.register_worker(self.runtime, config)
         self._queue_watch = queue_metrics.watch(self.app, lambda: list(self.app.amqp.queues.consume_from.values()),
                                                 resolve_url(config.database_url))
@@ -169,8 +169,7 @@ class DurableConsumer(ConsumerHooks):
         try:
             super().shutdown()
         finally:
-            signals.task_received.disconnect(self._on_task_received, sender=self)
-            signals.task_revoked.disconnect(self._on_task_revoked)
+            disconnect_consumer(self, self._on_task_received, self._on_task_revoked)
             worker_gauges.unregister_worker(self.runtime)
             queue_metrics.unwatch(self._queue_watch)
             self.runtime.close_limits()
