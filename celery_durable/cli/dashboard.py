@@ -90,7 +90,7 @@ class Dashboard:
         while not self._stopping.wait(self.interval):
             try:
                 self.sample()
-            except Exception:  # noqa: BLE001 - the next round tries again; the page shows the last state
+            except Exception:  # the next round tries again; the page shows the last state
                 logger.warning("durable.dashboard.sample_failed", exc_info=True)
 
     def stop(self) -> None:
@@ -117,7 +117,7 @@ class Dashboard:
 
 def _handler(dashboard: Dashboard, files: dict[str, tuple[bytes, str]]) -> type[GuardedHandler]:
     class Handler(GuardedHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+        def do_GET(self) -> None:  # the standard library's name
             if self.path in files:
                 self._send(HTTPStatus.OK, *files[self.path])
             elif self.path == "/api/state":
@@ -125,7 +125,7 @@ def _handler(dashboard: Dashboard, files: dict[str, tuple[bytes, str]]) -> type[
             else:
                 self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {self.path}"})
 
-        def do_POST(self) -> None:  # noqa: N802 - the standard library's name
+        def do_POST(self) -> None:  # the standard library's name
             from celery_durable.errors import RunNotDead, RunNotFound, RunSettled
 
             parts = self.path.strip("/").split("/")
@@ -161,7 +161,7 @@ def _handler(dashboard: Dashboard, files: dict[str, tuple[bytes, str]]) -> type[
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the standard library's name
+        def log_message(self, format: str, *args: Any) -> None:  # the standard library's name
             logger.debug("durable.dashboard.request " + format, *args)
 
     return Handler

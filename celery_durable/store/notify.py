@@ -85,7 +85,7 @@ class Waker:
             try:
                 listener.poll()
                 listener.notifies.clear()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a broken LISTEN connection is dropped; the table is read all the same
                 self._drop()
         try:
             while os.read(self._read_fd, 4096):
@@ -103,7 +103,7 @@ class Waker:
                 listener.poll()
                 if listener.notifies:
                     return True
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a broken LISTEN connection is dropped; the wait falls back to polling
                 self._drop()
                 listener = None
             else:
@@ -131,6 +131,6 @@ class Waker:
         if self._listener is not None:
             try:
                 self._listener.close()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - closing a connection already broken
                 pass
             self._listener = None

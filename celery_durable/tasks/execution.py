@@ -229,7 +229,7 @@ def _wait_for_store(task: Any, url: str, err: StoreUnavailable, resume: str | No
         headers[RESUME_HEADER] = resume
     try:
         _resend(task, delay, headers)
-    except Exception as send_err:
+    except Exception as send_err:  # noqa: BLE001 - whatever stops the re-send, the message goes back, never lost
         logger.error("durable.run.store_wait_failed id=%s: could not re-send while the store is down (%s); "
                      "handing the message back to the broker", request.id, send_err,
                      extra={"event": "durable.run.store_wait_failed", "run_id": request.id})

@@ -99,7 +99,7 @@ class Drain:
                 # Acked at start (acks_late off): the broker no longer has it,
                 # so a copy goes back, same id, same retry count.
                 self._republish(message, run.queue)
-        except Exception:  # noqa: BLE001 - logged with the task id; nothing else can be done here
+        except Exception:  # logged with the task id; nothing else can be done here
             logger.exception("durable.drain.hand_back_failed queue=%s", run.queue)
         else:
             logger.info("durable.drain.handed_back queue=%s id=%s", run.queue, _task_id(message))

@@ -78,7 +78,7 @@ class IdleChannels:
         for channel, _ in self._held:
             try:
                 channel.close()
-            except Exception:  # noqa: BLE001 - closing on the way out; the broker requeues
+            except Exception:  # closing on the way out; the broker requeues
                 logger.debug("durable.idle.channel_close_failed", exc_info=True)
         self._held.clear()
 
@@ -125,7 +125,7 @@ class ConsumerIdleWait:
         for consumer in consumers:
             try:
                 consumer.cancel()
-            except Exception:  # noqa: BLE001 - a dead channel has nothing left to cancel
+            except Exception:  # a dead channel has nothing left to cancel
                 logger.debug("durable.idle.cancel_failed", exc_info=True)
 
     def close(self) -> None:

@@ -169,9 +169,9 @@ class RedisIdleWait:
         try:
             # Before the socket closes: its number may be reused by the next socket opened.
             self._hub.remove_reader(fd)
-        except Exception:  # noqa: BLE001 - a hub already closed polls nothing
+        except Exception:  # a hub already closed polls nothing
             logger.debug("durable.idle.redis_remove_reader_failed", exc_info=True)
         try:
             connection.disconnect()
-        except Exception:  # noqa: BLE001 - closing on the way out; the server drops the peek with it
+        except Exception:  # closing on the way out; the server drops the peek with it
             logger.debug("durable.idle.redis_disconnect_failed", exc_info=True)

@@ -78,7 +78,7 @@ def guarded_sleeper(self: Any, label: str, seconds: float) -> str:
     observe("exec", label, id=run_id)
     try:
         celery_durable.sleep("nap", seconds)
-    except Exception:
+    except Exception:  # noqa: BLE001 - the broad except under test
         # A body's broad except, as user code writes it: the sleep's hand-off must pass through it.
         observe("swallowed", label, id=run_id)
     self.step("after", effect, run_id, "after")
