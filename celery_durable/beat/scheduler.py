@@ -118,7 +118,9 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             raise SystemExit(f"celery_durable beat refused to start: {err}") from None
         self.relay = Relay(self.app, url=self.url, listen=False)
         logger.info("durable.beat.started beat=%s holder=%s entries=%s lease_ttl=%s", self.beat, self.holder,
-                    ",".join(sorted(self.entries)) or "-", self.ttl)
+                    ",".join(sorted(self.entries)) or "-", self.ttl,
+                    extra={"event": "durable.beat.started", "beat": self.beat, "holder": self.holder,
+                           "lease_ttl": self.ttl})
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One round; returns the seconds to sleep before the next."""
@@ -352,7 +354,7 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         except DurableError as err:
             raise SystemExit(f"celery_durable beat refused to start: {err}") from None
         beat_metrics.leading(self.beat, False)
-        logger.info("durable.beat.metrics port=%s", port)
+        logger.info("durable.beat.metrics port=%s", port, extra={"event": "durable.beat.metrics", "port": port})
 
     def _install_stop_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():

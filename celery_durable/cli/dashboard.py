@@ -91,7 +91,8 @@ class Dashboard:
             try:
                 self.sample()
             except Exception:  # the next round tries again; the page shows the last state
-                logger.warning("durable.dashboard.sample_failed", exc_info=True)
+                logger.warning("durable.dashboard.sample_failed", exc_info=True,
+                               extra={"event": "durable.dashboard.sample_failed"})
 
     def stop(self) -> None:
         self._stopping.set()
@@ -147,7 +148,8 @@ def _handler(dashboard: Dashboard, files: dict[str, tuple[bytes, str]]) -> type[
             except DurableError as err:
                 self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(err).splitlines()[0]})
                 return
-            logger.info("durable.dashboard.%s run=%s", verb, run_id)
+            logger.info("durable.dashboard.%s run=%s", verb, run_id,
+                        extra={"event": f"durable.dashboard.{verb}", "run_id": run_id})
             self._json(HTTPStatus.OK, {"done": done})
 
         def _json(self, status: HTTPStatus, body: dict[str, Any]) -> None:
@@ -162,7 +164,7 @@ def _handler(dashboard: Dashboard, files: dict[str, tuple[bytes, str]]) -> type[
             self.wfile.write(body)
 
         def log_message(self, format: str, *args: Any) -> None:  # the standard library's name
-            logger.debug("durable.dashboard.request " + format, *args)
+            logger.debug("durable.dashboard.request " + format, *args, extra={"event": "durable.dashboard.request"})
 
     return Handler
 

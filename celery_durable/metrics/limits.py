@@ -77,7 +77,8 @@ class _LimitsCollector:
                 # An outage is told once by the parts that run against the store (tasks.store_outage), not
                 # at every scrape; any other failure is a bug to see.
                 level = logging.DEBUG if is_unreachable(err) else logging.WARNING
-                logger.log(level, "durable.metrics.limits_unreadable", exc_info=True)
+                logger.log(level, "durable.metrics.limits_unreadable", exc_info=True,
+                           extra={"event": "durable.metrics.limits_unreadable"})
                 continue
             for task in sorted(set(tasks) | set(in_use) | set(waiting)):
                 in_use_family.add_metric([task], in_use.get(task, 0))

@@ -47,7 +47,8 @@ class _OutboxCollector:
                 # An outage is told once by the parts that run against the store (tasks.store_outage), not
                 # at every scrape; any other failure is a bug to see.
                 level = logging.DEBUG if is_unreachable(err) else logging.WARNING
-                logger.log(level, "durable.metrics.outbox_unreadable", exc_info=True)
+                logger.log(level, "durable.metrics.outbox_unreadable", exc_info=True,
+                           extra={"event": "durable.metrics.outbox_unreadable"})
                 continue
             label = _label(url)
             backlog.add_metric([label], count)

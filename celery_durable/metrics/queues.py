@@ -67,7 +67,8 @@ class QueueWatch:
             try:
                 out[queue.name] = probe(self._open_channel(), queue)
             except Exception:  # a scrape must not fail because the broker is away
-                logger.warning("durable.metrics.queue_unreadable queue=%s", queue.name, exc_info=True)
+                logger.warning("durable.metrics.queue_unreadable queue=%s", queue.name, exc_info=True,
+                               extra={"event": "durable.metrics.queue_unreadable", "queue": queue.name})
                 self._reset()  # a channel an error closed (AMQP) is opened again at the next read
         return out
 
@@ -80,7 +81,8 @@ class QueueWatch:
         except Exception as err:  # the store is down: no dead-run sample this scrape
             # An outage is told once by the parts that run against the store, not at every scrape.
             level = logging.DEBUG if is_unreachable(err) else logging.WARNING
-            logger.log(level, "durable.metrics.dead_runs_unreadable", exc_info=True)
+            logger.log(level, "durable.metrics.dead_runs_unreadable", exc_info=True,
+                       extra={"event": "durable.metrics.dead_runs_unreadable"})
             return None
 
     def _open_channel(self) -> Any:
@@ -97,7 +99,8 @@ class QueueWatch:
             try:
                 connection.close()
             except Exception:  # closing a broken connection on the way to a new one
-                logger.debug("durable.metrics.queue_connection_close_failed", exc_info=True)
+                logger.debug("durable.metrics.queue_connection_close_failed", exc_info=True,
+                             extra={"event": "durable.metrics.queue_connection_close_failed"})
 
     def close(self) -> None:
         with self._lock:

@@ -140,7 +140,9 @@ class RunContext:
             # The wake-up still carries the token the row names: it resumes the run all the same.
             outage.failed(self.url, err, "durable.sleep.hand_off_failed", run_id=self.run.id)
             marked_sleeping = False
-        logger.debug("durable.sleep.handed_off id=%s marked_sleeping=%s", self.run.id, marked_sleeping)
+        logger.debug("durable.sleep.handed_off id=%s marked_sleeping=%s", self.run.id, marked_sleeping,
+                     extra={"event": "durable.sleep.handed_off", "run_id": self.run.id,
+                            "marked_sleeping": marked_sleeping})
         raise SleepHandOff(name, remaining)
 
 

@@ -316,4 +316,5 @@ def call_hook(task: Any, run: Run) -> None:
     try:
         hook(run)
     except Exception:  # a broken hook must not change the run's outcome
-        logger.exception("durable.run.hook_failed task=%s id=%s", task.name, run.id)
+        logger.exception("durable.run.hook_failed task=%s id=%s", task.name, run.id,
+                         extra={"event": "durable.run.hook_failed", "task": task.name, "run_id": run.id})

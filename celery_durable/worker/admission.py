@@ -149,7 +149,7 @@ class Admitter:
             # that are not [args, kwargs, embed], a bad header): the content,
             # not the worker, is at fault.
             logger.warning("durable.message.unreadable queue=%s", queue_name, exc_info=True,
-                           extra={"queue": queue_name})
+                           extra={"event": "durable.message.unreadable", "queue": queue_name})
             self._park(queue_name, message, f"the task handler raised {exc!r}")
             return False
         finally:

@@ -113,7 +113,8 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
     try:
         check_host()
     except HostIncompatible as err:
-        logger.error("durable.host.incompatible: %s", err)
+        logger.error("durable.host.incompatible: %s", err,
+                     extra={"event": "durable.host.incompatible", "error": str(err)})
         raise SystemExit(f"celery_durable: refusing to start: {err}") from None
     try:
         config = _validated_config(worker)
@@ -128,7 +129,8 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
             _check_store_for_limits(limits, config)
     except (ConfigInvalid, LimitInvalid) as err:
         # One clear line, no traceback wall: the worker refuses to boot.
-        logger.error("durable.config.invalid: %s", err)
+        logger.error("durable.config.invalid: %s", err,
+                     extra={"event": "durable.config.invalid", "setting": err.setting, "error": str(err)})
         raise SystemExit(f"celery_durable: refusing to start: {err}") from None
     _configs[worker] = config
     _limits[worker] = limits
@@ -149,6 +151,8 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
             "durable.boot.cap_above_pool: durable_max_in_flight=%s exceeds the pool size %s; "
             "the worker holds at most %s (it never buffers runs the pool cannot start)",
             config.max_in_flight, worker.concurrency, worker.concurrency,
+            extra={"event": "durable.boot.cap_above_pool", "max_in_flight": config.max_in_flight,
+                   "pool_size": worker.concurrency},
         )
 
 
@@ -163,7 +167,8 @@ def _refuse_limits_unchecked(worker: Any) -> None:
         pool = worker.pool_cls if isinstance(worker.pool_cls, str) else worker.pool_cls.__module__.rsplit(".", 1)[-1]
         message = (f"task {name!r} declares {option}, which only a -P durable worker enforces; "
                    f"this worker (-P {pool}) would run it unchecked")
-        logger.error("durable.limit.unenforced: %s", message)
+        logger.error("durable.limit.unenforced: %s", message,
+                     extra={"event": "durable.limit.unenforced", "task": name, "option": option})
         raise SystemExit(f"celery_durable: refusing to start: {message}")
 
 

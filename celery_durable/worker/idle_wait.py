@@ -79,7 +79,8 @@ class IdleChannels:
             try:
                 channel.close()
             except Exception:  # closing on the way out; the broker requeues
-                logger.debug("durable.idle.channel_close_failed", exc_info=True)
+                logger.debug("durable.idle.channel_close_failed", exc_info=True,
+                             extra={"event": "durable.idle.channel_close_failed"})
         self._held.clear()
 
 
@@ -126,7 +127,7 @@ class ConsumerIdleWait:
             try:
                 consumer.cancel()
             except Exception:  # a dead channel has nothing left to cancel
-                logger.debug("durable.idle.cancel_failed", exc_info=True)
+                logger.debug("durable.idle.cancel_failed", exc_info=True, extra={"event": "durable.idle.cancel_failed"})
 
     def close(self) -> None:
         self.cancel()

@@ -49,7 +49,7 @@ def log_parked(queue: str, raw: Any, reason: str) -> None:
     logger.error(
         "durable.message.parked queue=%s parked_to=%s reason=%s head=%s",
         queue, parked_name(queue), reason, head(raw),
-        extra={"queue": queue, "parked_to": parked_name(queue), "reason": reason},
+        extra={"event": "durable.message.parked", "queue": queue, "parked_to": parked_name(queue), "reason": reason},
     )
 
 

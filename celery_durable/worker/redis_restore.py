@@ -129,7 +129,8 @@ class RedisRestorer:
             ceiling = time() - visibility_timeout(self._channel)
             scripts.restore(scripts.expired_unheld(ceiling, restore_limit(self._channel)))
         except self._channel.connection_errors:
-            logger.warning("durable.redis.restore_failed", exc_info=True)
+            logger.warning("durable.redis.restore_failed", exc_info=True,
+                           extra={"event": "durable.redis.restore_failed"})
 
     def leave(self) -> None:
         """A clean stop: mark this worker dead now, so anything it still holds comes back at the next scan."""
@@ -152,6 +153,7 @@ class RedisRestorer:
                 # restored (this one's renewals were late) is not re-added as held.
                 renew_unacked(client, self._channel.qos, scores)
         except self._channel.connection_errors:
-            logger.warning("durable.redis.renew_failed held=%d", len(scores), exc_info=True)
+            logger.warning("durable.redis.renew_failed held=%d", len(scores), exc_info=True,
+                           extra={"event": "durable.redis.renew_failed", "held": len(scores)})
             return 0
         return len(scores)

@@ -52,7 +52,7 @@ class OutboxRelay(bootsteps.StartStopStep):
         try:
             self.relay.run()
         except Exception:  # the worker keeps running tasks without its relay
-            logger.exception("durable.relay.crashed")
+            logger.exception("durable.relay.crashed", extra={"event": "durable.relay.crashed"})
 
     def stop(self, c: Any) -> None:
         if shutdown_requested():

@@ -58,7 +58,8 @@ class WorkerRuntime:
             # Logged here, not at worker_init: Celery sets its logging up after that signal.
             logger.info("durable.config.queue_not_consumed queues=%s: durable_queue_concurrency names queues "
                         "this worker does not consume (-Q); their slots apply if add_consumer adds them",
-                        ",".join(unconsumed), extra={"queues": unconsumed})
+                        ",".join(unconsumed),
+                        extra={"event": "durable.config.queue_not_consumed", "queues": unconsumed})
         slots = {queue: config.slots_for(queue) for queue in queues}
         self._capacity = capacity(config.max_in_flight, pool_limit, list(slots.values()))
         self.pool_limit = pool_limit
@@ -117,7 +118,8 @@ class WorkerRuntime:
         logger.info(
             "durable.worker.capacity capacity=%s max_in_flight=%s pool=%s queue_slots=%s",
             self._capacity, self.config.max_in_flight, self.pool_limit, self.held.free_slots(),
-            extra={"capacity": self._capacity, "max_in_flight": self.config.max_in_flight},
+            extra={"event": "durable.worker.capacity", "capacity": self._capacity,
+                   "max_in_flight": self.config.max_in_flight},
         )
         claimer = Claimer(
             connection=connection,
@@ -262,14 +264,15 @@ class WorkerRuntime:
         self.held.set_queue(queue, self.config.slots_for(queue))
         # The queues' slots may have been what bounded the capacity: an added queue raises it.
         self._recompute_capacity()
-        logger.info("durable.queue.added queue=%s", queue)
+        logger.info("durable.queue.added queue=%s", queue, extra={"event": "durable.queue.added", "queue": queue})
         self.kick()
 
     def queue_cancelled(self, queue: str) -> None:
         """``cancel_consumer``: nothing more is claimed from ``queue``; runs held from it go on."""
         if self.claimer is not None:
             self.claimer.queues_changed()
-        logger.info("durable.queue.cancelled queue=%s", queue)
+        logger.info("durable.queue.cancelled queue=%s", queue,
+                    extra={"event": "durable.queue.cancelled", "queue": queue})
 
     def pool_resized(self, pool_size: int) -> None:
         """The pool grew or shrank (``pool_grow``/``pool_shrink``): the capacity follows it.
@@ -281,7 +284,7 @@ class WorkerRuntime:
         self.pool_limit = pool_size
         self._recompute_capacity()
         logger.info("durable.pool.resized pool=%s capacity=%s", pool_size, self._capacity,
-                    extra={"pool": pool_size, "capacity": self._capacity})
+                    extra={"event": "durable.pool.resized", "pool": pool_size, "capacity": self._capacity})
         self.kick()
 
     def _recompute_capacity(self) -> None:
