@@ -149,7 +149,7 @@ class Relay:
             logger.error("durable.outbox.flagged task_id=%s task=%s attempts=%s error=%s",
                          failed_row.task_id, failed_row.task_name, outcome.failed_attempts, rendered,
                          extra={"event": "durable.outbox.flagged", "task_id": failed_row.task_id,
-                                "attempts": outcome.failed_attempts})
+                                "task": failed_row.task_name, "attempts": outcome.failed_attempts, "error": rendered})
         else:
             logger.warning("durable.outbox.publish_failed task_id=%s attempts=%s error=%s",
                            failed_row.task_id, outcome.failed_attempts, rendered,

@@ -37,7 +37,7 @@ def on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = 
         # this names the run. The worker's revoked set still keeps the id out
         # of this worker; a delivery elsewhere would run it.
         logger.exception("durable.run.cancel_failed task=%s id=%s", sender.name, request.id,
-                         extra={"event": "durable.run.cancel_failed", "run_id": request.id})
+                         extra={"event": "durable.run.cancel_failed", "task": sender.name, "run_id": request.id})
 
 
 def cancel_revoked(task: Any, request: Any, *, reason: str) -> runs.Run | None:
@@ -51,7 +51,8 @@ def cancel_revoked(task: Any, request: Any, *, reason: str) -> runs.Run | None:
                           kwargs=_json_or_null(getattr(request, "kwargs", None) or {}), reason=reason)
     if run is None:
         logger.info("durable.run.revoked_settled task=%s id=%s: already settled, nothing to cancel",
-                    task.name, request.id, extra={"event": "durable.run.revoked_settled", "run_id": request.id})
+                    task.name, request.id, extra={"event": "durable.run.revoked_settled", "task": task.name,
+                                                   "run_id": request.id})
         return None
     logger.info("durable.run.cancelled task=%s id=%s reason=%s", task.name, run.id, reason,
                 extra={"event": "durable.run.cancelled", "task": task.name, "run_id": run.id, "reason": reason})

@@ -126,7 +126,7 @@ class LimitGate:
                 self.declare(conn)
         except Exception as err:  # noqa: BLE001 - the dispatcher declares again at each sweep
             logger.warning("durable.limit.declare_failed error=%s: declared again at the dispatcher's next sweep",
-                           err, extra={"event": "durable.limit.declare_failed"})
+                           err, extra={"event": "durable.limit.declare_failed", "error": repr(err)})
         limit_metrics.watch(url, tuple(self.limits))
 
     # -- admission -----------------------------------------------------------------------
@@ -279,7 +279,8 @@ class LimitGate:
             jobs.count(queue, "dropped")
             logger.info("durable.limit.dropped task=%s id=%s key=%s: busy, and the task drops when busy",
                         ask.task, ask.task_id, decision.busy.key if decision.busy else "",
-                        extra={"event": "durable.limit.dropped", "task_id": ask.task_id})
+                        extra={"event": "durable.limit.dropped", "task": ask.task, "task_id": ask.task_id,
+                               "key": decision.busy.key if decision.busy else ""})
             return Admission(DROP)
         if decision.verdict == BACK:
             return Admission(BACK)

@@ -46,10 +46,12 @@ def head(raw: Any) -> str:
 
 
 def log_parked(queue: str, raw: Any, reason: str) -> None:
+    shown = head(raw)
     logger.error(
         "durable.message.parked queue=%s parked_to=%s reason=%s head=%s",
-        queue, parked_name(queue), reason, head(raw),
-        extra={"event": "durable.message.parked", "queue": queue, "parked_to": parked_name(queue), "reason": reason},
+        queue, parked_name(queue), reason, shown,
+        extra={"event": "durable.message.parked", "queue": queue, "parked_to": parked_name(queue), "reason": reason,
+               "head": shown},
     )
 
 

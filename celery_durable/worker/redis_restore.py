@@ -111,7 +111,7 @@ class RedisRestorer:
             scripts.discard(dead)
             logger.warning("durable.redis.holder_unreadable holder=%s error=%s: dropped; its unacked messages "
                            "come back after visibility_timeout", dead, exc,
-                           extra={"event": "durable.redis.holder_unreadable", "holder": dead})
+                           extra={"event": "durable.redis.holder_unreadable", "holder": dead, "error": repr(exc)})
             return
         scripts.restore(tags)
         if scripts.forget(dead) and tags:

@@ -115,11 +115,13 @@ class WorkerRuntime:
             # found dead, and would wait out kombu's visibility timeout instead.
             restorer.beat()
             new_fetcher = functools.partial(self._new_fetcher, held_key=restorer.held_key)
+        queue_slots = self.held.free_slots()
         logger.info(
             "durable.worker.capacity capacity=%s max_in_flight=%s pool=%s queue_slots=%s",
-            self._capacity, self.config.max_in_flight, self.pool_limit, self.held.free_slots(),
+            self._capacity, self.config.max_in_flight, self.pool_limit, queue_slots,
             extra={"event": "durable.worker.capacity", "capacity": self._capacity,
-                   "max_in_flight": self.config.max_in_flight},
+                   "max_in_flight": self.config.max_in_flight, "pool": self.pool_limit,
+                   "queue_slots": queue_slots},
         )
         claimer = Claimer(
             connection=connection,

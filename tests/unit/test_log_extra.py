@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_durable"
+
+#: A message's ``name=`` label and the extra field that holds its value, where the two differ: ``id``
+#: is a run's or a task's; ``url`` the store's shown URL; a count a message words in prose has its field.
+FIELD_OF = {
+    "id": {"run_id", "task_id"},
+    "url": {"store"},
+    "back": {"handing_back"},
+    "durable_max_in_flight": {"max_in_flight"},
+    "name": {"step"},
+    "run": {"run_id"},
+    "worker": {"declared"},
+    "another": {"other"},
+    "held": {"held", "running"},
+}
 
 #: The methods of a ``logging.Logger`` that write a record.
 LEVELS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log"}
@@ -59,3 +74,25 @@ def test_no_module_logs_through_the_root_logger():
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "logging"):
                 users.append(f"{path.relative_to(PACKAGE).as_posix()}:{node.lineno}")
     assert users == []
+
+
+def _labels(call: ast.Call) -> list[str]:
+    """The ``name=%s`` labels of the call's message (a literal, or a literal an expression opens with)."""
+    message = next((a for a in call.args if not (isinstance(a, ast.Name) and a.id == "level")), None)
+    while isinstance(message, ast.BinOp):
+        message = message.left
+    if not (isinstance(message, ast.Constant) and isinstance(message.value, str)):
+        return []
+    return re.findall(r"(\w+)=%", message.value)
+
+
+def test_every_value_a_message_names_is_a_field():
+    unnamed = []
+    for where, call, _ in _log_calls():
+        extra = _extra(call)
+        if not isinstance(extra, ast.Dict):
+            continue  # a name built elsewhere (store_outage's extra holds its fields)
+        keys = {k.value for k in extra.keys if isinstance(k, ast.Constant)}
+        unnamed += [f"{where} {label}" for label in _labels(call)
+                    if label not in keys and not FIELD_OF.get(label, set()) & keys]
+    assert unnamed == []
