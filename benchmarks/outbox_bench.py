@@ -35,12 +35,12 @@ from celery import Celery
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from celery_durable import outbox  # noqa: E402
-from celery_durable.outbox.relay import Relay  # noqa: E402
-from celery_durable.store import outbox as store  # noqa: E402
-from celery_durable.store.engine import autocommit, ensure_schema  # noqa: E402
-from tests.services import AMQP_URL, REDIS_URL  # noqa: E402
-from tests.stores import fresh_store  # noqa: E402
+from celery_durable import outbox
+from celery_durable.outbox.relay import Relay
+from celery_durable.store import outbox as store
+from celery_durable.store.engine import autocommit, ensure_schema
+from tests.services import AMQP_URL, REDIS_URL
+from tests.stores import fresh_store
 
 
 def make_app(url: str, broker: str = REDIS_URL) -> Celery:

@@ -27,9 +27,9 @@ from sqlalchemy import event
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import celery_durable  # noqa: E402
-from celery_durable.store.engine import dispose_all, engine_for  # noqa: E402
-from tests.stores import fresh_store  # noqa: E402
+import celery_durable
+from celery_durable.store.engine import dispose_all, engine_for
+from tests.stores import fresh_store
 
 
 def work(i: int) -> int:

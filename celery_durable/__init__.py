@@ -26,10 +26,9 @@ from celery_durable.errors import (
 from celery_durable.tasks import runs
 from celery_durable.tasks.context import sleep, step
 from celery_durable.tasks.durable import DurableTask, durable_task
-from celery_durable.tasks.revocation import connect as _cancel_runs_on_revoke
-from celery_durable.tasks.sent_stamp import connect as _stamp_sent_messages
 from celery_durable.worker.boot import register as _register_pool
 from celery_durable.worker.cli_options import add_worker_options
+from celery_durable.worker.signals import connect_install
 
 __all__ = [
     "BeatEntryInvalid",
@@ -76,8 +75,7 @@ def install(app: Any) -> Any:
     durable store is opened on a durable task's first run.
     """
     _register_pool()
-    _cancel_runs_on_revoke()
-    _stamp_sent_messages()
+    connect_install()
     add_worker_options(app)
     if not isinstance(getattr(app, "durable_task", None), functools.partial):
         app.durable_task = functools.partial(durable_task, app)

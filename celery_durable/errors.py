@@ -30,6 +30,24 @@ def _rebuild(cls: type[DurableError], message: str, setting: str | None) -> Dura
     return cls(message, setting=setting)
 
 
+class SleepHandOff(BaseException):
+    """A durable sleep handing its run to the wake-up message: this execution ends here.
+
+    A ``BaseException``, as DBOS's control exceptions are, so a task body's
+    ``except Exception`` cannot swallow it and carry on awake; the execution
+    turns it into Celery's ``Ignore`` once it leaves the body.
+    """
+
+    def __init__(self, step: str, wake_in: float) -> None:
+        # Both in args: the default pickling rebuilds the exception from them.
+        super().__init__(step, wake_in)
+        self.step = step
+        self.wake_in = wake_in
+
+    def __str__(self) -> str:
+        return f"durable sleep {self.step!r}: woken again in {self.wake_in:.3f}s"
+
+
 class ConfigInvalid(DurableError):
     """A ``durable_*`` setting holds a value the worker cannot run with."""
 

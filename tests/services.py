@@ -41,7 +41,7 @@ def amqp_problem(url: str = AMQP_URL) -> str | None:
     try:
         with Connection(url, connect_timeout=2) as conn:
             conn.ensure_connection(max_retries=1)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is the reason the service is missing
         return repr(exc)
     return None
 
@@ -65,7 +65,7 @@ def postgres_problem(url: str = POSTGRES_URL) -> str | None:
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is the reason the service is missing
         return repr(exc)
     finally:
         engine.dispose()

@@ -118,7 +118,9 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             raise SystemExit(f"celery_durable beat refused to start: {err}") from None
         self.relay = Relay(self.app, url=self.url, listen=False)
         logger.info("durable.beat.started beat=%s holder=%s entries=%s lease_ttl=%s", self.beat, self.holder,
-                    ",".join(sorted(self.entries)) or "-", self.ttl)
+                    ",".join(sorted(self.entries)) or "-", self.ttl,
+                    extra={"event": "durable.beat.started", "beat": self.beat, "holder": self.holder,
+                           "entries": sorted(self.entries), "lease_ttl": self.ttl})
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One round; returns the seconds to sleep before the next."""
@@ -145,7 +147,7 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         """SIGHUP: this replica starts again in place (same pid), reading the app's schedule anew —
         how Celery's own worker takes SIGHUP. The lease went back first: another replica may lead."""
         logger.info("durable.beat.reloading beat=%s: starting again with the schedule as configured now",
-                    self.beat, extra={"event": "durable.beat.reloading"})
+                    self.beat, extra={"event": "durable.beat.reloading", "beat": self.beat})
         for handler in logging.getLogger().handlers:
             handler.flush()
         argv = sys.argv[1:] if sys.argv[0].endswith(os.path.join("celery", "__main__.py")) else None
@@ -229,14 +231,17 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         plan = plan_ticks(entry.schedule, state.watermark, utc_now(), catch_up=entry.catch_up, grace=self.grace,
                           max_catch_up=self.config.beat_max_catch_up, every=fixed_interval(entry.schedule))
         if plan.missed_from is not None:
+            missed_from, missed_to = plan.missed_from.isoformat(), (plan.missed_to or plan.missed_from).isoformat()
             logger.info("durable.beat.caught_up entry=%s policy=%s missed_from=%s missed_to=%s", entry.name,
-                        entry.catch_up, plan.missed_from.isoformat(), (plan.missed_to or plan.missed_from).isoformat(),
-                        extra={"event": "durable.beat.caught_up"})
+                        entry.catch_up, missed_from, missed_to,
+                        extra={"event": "durable.beat.caught_up", "entry": entry.name, "policy": entry.catch_up,
+                               "missed_from": missed_from, "missed_to": missed_to})
         if plan.cut:
+            sent = sum(1 for f in plan.fires if f.covers_from is None)
             logger.warning("durable.beat.catch_up_cut entry=%s sent=%d cut=%s%d: durable_beat_max_catch_up bounds "
-                           "a catch-up", entry.name, sum(1 for f in plan.fires if f.covers_from is None),
-                           "" if plan.cut_exact else "at least ", plan.cut,
-                           extra={"event": "durable.beat.catch_up_cut"})
+                           "a catch-up", entry.name, sent, "" if plan.cut_exact else "at least ", plan.cut,
+                           extra={"event": "durable.beat.catch_up_cut", "entry": entry.name, "sent": sent,
+                                  "cut": plan.cut, "cut_exact": plan.cut_exact})
         for fire in plan.fires:
             if self._stopping or not self._still_leads() or not self._fire(entry, fire):
                 return None
@@ -268,8 +273,10 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         if fired:
             self.fired += 1
             beat_metrics.fired(self.beat, entry.name, fire.tick, now)
+            lag = (now - fire.tick).total_seconds()
             logger.info("durable.beat.fired entry=%s tick=%s id=%s lag=%.3f", entry.name, fire.tick.isoformat(),
-                        task_id, (now - fire.tick).total_seconds(), extra={"event": "durable.beat.fired"})
+                        task_id, lag, extra={"event": "durable.beat.fired", "entry": entry.name,
+                                             "tick": fire.tick.isoformat(), "task_id": task_id, "lag": lag})
         return True
 
     def _advance(self, entry: BeatEntry, plan: TickPlan) -> None:
@@ -302,7 +309,7 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         beat_metrics.leading(self.beat, True)
         if term != self.term:
             logger.info("durable.beat.leading beat=%s holder=%s term=%d", self.beat, self.holder, term,
-                        extra={"event": "durable.beat.leading"})
+                        extra={"event": "durable.beat.leading", "beat": self.beat, "holder": self.holder, "term": term})
         self.term = term
         # Live for a TTL from ``now``; count from before the round trip, and keep a margin.
         self._leads_until = started + self.ttl * 0.8
@@ -325,7 +332,9 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
     def _lost(self, why: str, err: BaseException | None) -> None:
         if self.term is not None:
             logger.warning("durable.beat.not_leading beat=%s holder=%s why=%s%s", self.beat, self.holder, why,
-                           f" error={err!r}" if err is not None else "", extra={"event": "durable.beat.not_leading"})
+                           f" error={err!r}" if err is not None else "",
+                           extra={"event": "durable.beat.not_leading", "beat": self.beat, "holder": self.holder,
+                                  "why": why, "error": repr(err) if err is not None else None})
         self.term = None
         self._leads_until = 0.0
         beat_metrics.leading(self.beat, False)
@@ -337,7 +346,7 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             with self._transaction() as conn:
                 store.release(conn, self.beat, self.holder)
             logger.info("durable.beat.released beat=%s holder=%s", self.beat, self.holder,
-                        extra={"event": "durable.beat.released"})
+                        extra={"event": "durable.beat.released", "beat": self.beat, "holder": self.holder})
         except Exception as err:  # noqa: BLE001 - the lease expires one TTL after the last renewal
             outage.failed(self.url, err, "durable.beat.release_failed", level=logging.WARNING,
                           then="a standby takes over when it expires")
@@ -352,7 +361,7 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         except DurableError as err:
             raise SystemExit(f"celery_durable beat refused to start: {err}") from None
         beat_metrics.leading(self.beat, False)
-        logger.info("durable.beat.metrics port=%s", port)
+        logger.info("durable.beat.metrics port=%s", port, extra={"event": "durable.beat.metrics", "port": port})
 
     def _install_stop_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():

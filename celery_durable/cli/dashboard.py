@@ -32,6 +32,7 @@ from celery_durable.cli.group import durable, store_url_of
 from celery_durable.cli.options import Seconds
 from celery_durable.cli.status import fleet_snapshot
 from celery_durable.errors import ConfigInvalid, DurableError
+from celery_durable.headers import DASHBOARD_TOKEN_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +90,9 @@ class Dashboard:
         while not self._stopping.wait(self.interval):
             try:
                 self.sample()
-            except Exception:  # noqa: BLE001 - the next round tries again; the page shows the last state
-                logger.warning("durable.dashboard.sample_failed", exc_info=True)
+            except Exception:  # the next round tries again; the page shows the last state
+                logger.warning("durable.dashboard.sample_failed", exc_info=True,
+                               extra={"event": "durable.dashboard.sample_failed"})
 
     def stop(self) -> None:
         self._stopping.set()
@@ -116,7 +118,7 @@ class Dashboard:
 
 def _handler(dashboard: Dashboard, files: dict[str, tuple[bytes, str]]) -> type[GuardedHandler]:
     class Handler(GuardedHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+        def do_GET(self) -> None:  # the standard library's name
             if self.path in files:
                 self._send(HTTPStatus.OK, *files[self.path])
             elif self.path == "/api/state":
@@ -124,7 +126,7 @@ def _handler(dashboard: Dashboard, files: dict[str, tuple[bytes, str]]) -> type[
             else:
                 self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {self.path}"})
 
-        def do_POST(self) -> None:  # noqa: N802 - the standard library's name
+        def do_POST(self) -> None:  # the standard library's name
             from celery_durable.errors import RunNotDead, RunNotFound, RunSettled
 
             parts = self.path.strip("/").split("/")
@@ -134,7 +136,7 @@ def _handler(dashboard: Dashboard, files: dict[str, tuple[bytes, str]]) -> type[
             if dashboard.token is None:
                 self._json(HTTPStatus.FORBIDDEN, {"error": "read-only: set durable_dashboard_token to allow actions"})
                 return
-            if not dashboard.allows(self.headers.get("X-Durable-Token")):
+            if not dashboard.allows(self.headers.get(DASHBOARD_TOKEN_HEADER)):
                 self._json(HTTPStatus.FORBIDDEN, {"error": "the token is missing or wrong"})
                 return
             run_id, verb = unquote(parts[2]), parts[3]
@@ -146,7 +148,8 @@ def _handler(dashboard: Dashboard, files: dict[str, tuple[bytes, str]]) -> type[
             except DurableError as err:
                 self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(err).splitlines()[0]})
                 return
-            logger.info("durable.dashboard.%s run=%s", verb, run_id)
+            logger.info("durable.dashboard.%s run=%s", verb, run_id,
+                        extra={"event": f"durable.dashboard.{verb}", "run_id": run_id})
             self._json(HTTPStatus.OK, {"done": done})
 
         def _json(self, status: HTTPStatus, body: dict[str, Any]) -> None:
@@ -160,8 +163,8 @@ def _handler(dashboard: Dashboard, files: dict[str, tuple[bytes, str]]) -> type[
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the standard library's name
-            logger.debug("durable.dashboard.request " + format, *args)
+        def log_message(self, format: str, *args: Any) -> None:  # the standard library's name
+            logger.debug("durable.dashboard.request " + format, *args, extra={"event": "durable.dashboard.request"})
 
     return Handler
 

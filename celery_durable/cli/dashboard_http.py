@@ -89,7 +89,9 @@ class GuardedHandler(BaseHTTPRequestHandler):
             return False
         if host_served(self.headers.get("Host"), self.server.bound_host, self.server.server_port):
             return True
-        logger.warning("durable.dashboard.host_refused", extra={"host": (self.headers.get("Host") or "")[:200]})
+        logger.warning("durable.dashboard.host_refused",
+                       extra={"event": "durable.dashboard.host_refused",
+                              "host": (self.headers.get("Host") or "")[:200]})
         body = (f"refused: this dashboard answers to Host 127.0.0.1:{self.server.server_port} or "
                 f"localhost:{self.server.server_port} only\n").encode()
         self.close_connection = True
@@ -122,7 +124,8 @@ class DashboardServer(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            logger.warning("durable.dashboard.connections_full", extra={"client": str(client_address)})
+            logger.warning("durable.dashboard.connections_full",
+                           extra={"event": "durable.dashboard.connections_full", "client": str(client_address)})
             self.shutdown_request(request)
             return
         try:

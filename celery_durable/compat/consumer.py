@@ -64,20 +64,6 @@ class ClaimingTaskConsumer:
         self._claimer.start()
 
 
-class ClaimingConsumer(Protocol):
-    """What the durable loop needs from the consumer beyond Celery's own."""
-
-    connection: Any
-
-    def new_claimer(self, connection: Any, hub: Any) -> Any: ...
-
-    def settle_dropped(self, message: HostMessage) -> None: ...
-
-    def run_scheduled(self) -> None: ...
-
-    def idle_poll_interval(self) -> float: ...
-
-
 def claiming_loop(
     obj: Any,
     connection: Any,

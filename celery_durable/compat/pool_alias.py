@@ -20,7 +20,8 @@ def register_pool_alias(alias: str, path: str) -> None:
     """
     current = concurrency.ALIASES.get(alias)
     if current not in (None, path):
-        logger.warning("durable.boot.alias_conflict: pool alias %r was %r; replacing it", alias, current)
+        logger.warning("durable.boot.alias_conflict: pool alias %r was %r; replacing it", alias, current,
+                       extra={"event": "durable.boot.alias_conflict", "alias": alias, "was": current})
     concurrency.ALIASES[alias] = path
     worker_cli = sys.modules.get("celery.bin.worker")
     if worker_cli is not None:

@@ -32,11 +32,10 @@ from typing import Any
 import redis
 
 from celery_durable.compat.redis_claim import key_prefix, unprefixed
+from celery_durable.headers import HELD_SUFFIX, HOLDERS_SUFFIX
 
-#: Suffixes of kombu's unacked hash name (``unacked`` unless the transport options say otherwise): holders
-#: are kept per unacked hash, since a holder's tags mean something only in the hash they were recorded in.
-HOLDERS_SUFFIX = ".durable_holders"
-HELD_SUFFIX = ".durable_held."
+# Suffixes of kombu's unacked hash name (``unacked`` unless the transport options say otherwise): holders
+# are kept per unacked hash, since a holder's tags mean something only in the hash they were recorded in.
 
 # Redis < 5 replicates a script by its text, and a script that read TIME
 # would replay differently: ask for its effects to be replicated instead

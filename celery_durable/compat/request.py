@@ -8,6 +8,7 @@ from typing import Any
 from celery.worker.request import Request
 
 from celery_durable.compat.host_types import HostMessage, HostRequest
+from celery_durable.headers import ETA_HEADER
 
 
 def waits_for_eta(request: HostRequest, *, in_pool: bool) -> bool:
@@ -72,7 +73,7 @@ def eta_ahead(message: HostMessage) -> bool:
     Such a run takes its fleet-limit leases when it falls due, not when it is
     claimed: hours of countdown must not hold a lease.
     """
-    eta = (message.headers or {}).get("eta")
+    eta = (message.headers or {}).get(ETA_HEADER)
     if not eta:
         return False
     try:

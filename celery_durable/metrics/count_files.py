@@ -128,7 +128,8 @@ def write(directory: Path, name: str, counts: Mapping[tuple[str, str], float]) -
         # The worker is shutting down (its directory is gone) or the disk is
         # full: the count is still in this process's memory; only the
         # endpoint's view of it lags.
-        logger.debug("durable.metrics.count_file_unwritten dir=%s", directory, exc_info=True)
+        logger.debug("durable.metrics.count_file_unwritten dir=%s", directory, exc_info=True,
+                     extra={"event": "durable.metrics.count_file_unwritten", "dir": str(directory)})
 
 
 def _create(path: Path, data: bytes, previous: tuple[mmap.mmap, int] | None) -> tuple[mmap.mmap, int]:
@@ -172,7 +173,8 @@ def _rows(path: Path) -> list[Any]:
     try:
         rows = json.loads(table)
     except ValueError:
-        logger.debug("durable.metrics.count_file_unreadable path=%s", path, exc_info=True)
+        logger.debug("durable.metrics.count_file_unreadable path=%s", path, exc_info=True,
+                     extra={"event": "durable.metrics.count_file_unreadable", "path": str(path)})
         return []
     return [r for r in rows if isinstance(r, list) and len(r) == 3] if isinstance(rows, list) else []
 
@@ -195,9 +197,11 @@ def _read_table(path: Path) -> bytes | None:
                     table = _last_read[path] = raw[_HEADER.size:_HEADER.size + length]
                     return table
     except OSError:
-        logger.debug("durable.metrics.count_file_unreadable path=%s", path, exc_info=True)
+        logger.debug("durable.metrics.count_file_unreadable path=%s", path, exc_info=True,
+                     extra={"event": "durable.metrics.count_file_unreadable", "path": str(path)})
         return None
     # A writer busy through every attempt: the table this reader saw last
     # (a counter must not drop for one scrape).
-    logger.debug("durable.metrics.count_file_busy path=%s", path)
+    logger.debug("durable.metrics.count_file_busy path=%s", path,
+                 extra={"event": "durable.metrics.count_file_busy", "path": str(path)})
     return _last_read.get(path)

@@ -24,8 +24,6 @@ from celery_durable.metrics import count_files
 # The registry the worker already serves: one endpoint for every celery_durable metric.
 from celery_durable.metrics.registry import REGISTRY
 
-OUTCOMES = ("succeeded", "failed", "dead_lettered", "cancelled", "duplicate", "dropped", "recovered")
-
 
 class _ProcessCounts:
     """This process's counts, and the name of the file it shares them in."""

@@ -73,11 +73,12 @@ class _LimitsCollector:
         for url, tasks in watched.items():
             try:
                 in_use, waiting = read(url)
-            except Exception as err:  # noqa: BLE001 - a scrape must not fail because the store is down
+            except Exception as err:  # a scrape must not fail because the store is down
                 # An outage is told once by the parts that run against the store (tasks.store_outage), not
                 # at every scrape; any other failure is a bug to see.
                 level = logging.DEBUG if is_unreachable(err) else logging.WARNING
-                logger.log(level, "durable.metrics.limits_unreadable", exc_info=True)
+                logger.log(level, "durable.metrics.limits_unreadable", exc_info=True,
+                           extra={"event": "durable.metrics.limits_unreadable"})
                 continue
             for task in sorted(set(tasks) | set(in_use) | set(waiting)):
                 in_use_family.add_metric([task], in_use.get(task, 0))

@@ -66,8 +66,9 @@ class QueueWatch:
         for queue in self.queues():
             try:
                 out[queue.name] = probe(self._open_channel(), queue)
-            except Exception:  # noqa: BLE001 - a scrape must not fail because the broker is away
-                logger.warning("durable.metrics.queue_unreadable queue=%s", queue.name, exc_info=True)
+            except Exception:  # a scrape must not fail because the broker is away
+                logger.warning("durable.metrics.queue_unreadable queue=%s", queue.name, exc_info=True,
+                               extra={"event": "durable.metrics.queue_unreadable", "queue": queue.name})
                 self._reset()  # a channel an error closed (AMQP) is opened again at the next read
         return out
 
@@ -77,10 +78,11 @@ class QueueWatch:
         try:
             with autocommit(engine_for(self.store_url)).connect() as conn:
                 return run_store.dead_by_queue(conn)
-        except Exception as err:  # noqa: BLE001 - the store is down: no dead-run sample this scrape
+        except Exception as err:  # the store is down: no dead-run sample this scrape
             # An outage is told once by the parts that run against the store, not at every scrape.
             level = logging.DEBUG if is_unreachable(err) else logging.WARNING
-            logger.log(level, "durable.metrics.dead_runs_unreadable", exc_info=True)
+            logger.log(level, "durable.metrics.dead_runs_unreadable", exc_info=True,
+                       extra={"event": "durable.metrics.dead_runs_unreadable"})
             return None
 
     def _open_channel(self) -> Any:
@@ -96,8 +98,9 @@ class QueueWatch:
         if connection is not None:
             try:
                 connection.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection on the way to a new one
-                logger.debug("durable.metrics.queue_connection_close_failed", exc_info=True)
+            except Exception:  # closing a broken connection on the way to a new one
+                logger.debug("durable.metrics.queue_connection_close_failed", exc_info=True,
+                             extra={"event": "durable.metrics.queue_connection_close_failed"})
 
     def close(self) -> None:
         with self._lock:

@@ -149,17 +149,21 @@ class Relay:
             logger.error("durable.outbox.flagged task_id=%s task=%s attempts=%s error=%s",
                          failed_row.task_id, failed_row.task_name, outcome.failed_attempts, rendered,
                          extra={"event": "durable.outbox.flagged", "task_id": failed_row.task_id,
-                                "attempts": outcome.failed_attempts})
+                                "task": failed_row.task_name, "attempts": outcome.failed_attempts, "error": rendered})
         else:
             logger.warning("durable.outbox.publish_failed task_id=%s attempts=%s error=%s",
-                           failed_row.task_id, outcome.failed_attempts, rendered)
+                           failed_row.task_id, outcome.failed_attempts, rendered,
+                           extra={"event": "durable.outbox.publish_failed", "task_id": failed_row.task_id,
+                                  "attempts": outcome.failed_attempts, "error": rendered})
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> None:
         outbox_metrics.watch(self.url)
         listen = self.listen and sa.engine.make_url(self.url).get_backend_name() == "postgresql"
         self._waker = waker = Waker(ensure_engine_or_none(self.url) if listen else None, report=self._listened)
-        logger.info("durable.relay.started url=%s batch_size=%s", shown_url(self.url), self.batch_size)
+        shown = shown_url(self.url)
+        logger.info("durable.relay.started url=%s batch_size=%s", shown, self.batch_size,
+                    extra={"event": "durable.relay.started", "store": shown, "batch_size": self.batch_size})
         try:
             while not self._stopping.is_set():
                 waker.clear()
@@ -190,7 +194,7 @@ class Relay:
         finally:
             waker.close()
             self._waker = None
-            logger.info("durable.relay.stopped")
+            logger.info("durable.relay.stopped", extra={"event": "durable.relay.stopped"})
 
     def _listened(self, err: BaseException | None) -> None:
         if err is None:
@@ -219,7 +223,8 @@ class Relay:
             problem = store_problem(self.url) or broker_problem(self.app)
             if problem is not None:
                 self._seen_down = True
-                logger.debug("durable.relay.probe_failed problem=%s", problem)
+                logger.debug("durable.relay.probe_failed problem=%s", problem,
+                             extra={"event": "durable.relay.probe_failed", "problem": problem})
             elif self._seen_down:
                 self.recoveries += 1
                 logger.info("durable.relay.recovered failures=%s", self.failures,
@@ -249,7 +254,8 @@ class Relay:
             outage.failed(self.url, err, "durable.relay.release_failed", level=logging.WARNING, rows=len(ids))
             return
         if released:
-            logger.info("durable.outbox.released rows=%s", released)
+            logger.info("durable.outbox.released rows=%s", released,
+                        extra={"event": "durable.outbox.released", "rows": released})
 
     def stop(self) -> None:
         self._stopping.set()
@@ -270,7 +276,8 @@ class Relay:
         with unavailable_as_error(self.url), engine.begin() as conn:
             removed = store.purge_published(conn, self._now() - timedelta(seconds=self.retention))
         if removed:
-            logger.info("durable.outbox.purged rows=%s", removed)
+            logger.info("durable.outbox.purged rows=%s", removed,
+                        extra={"event": "durable.outbox.purged", "rows": removed})
         if self.run_retention:
             # The store's other housekeeping, on the same cadence: settled runs past their retention.
             purge_runs(self.url, self.run_retention)

@@ -54,7 +54,7 @@ def broker_problem(app: Any, *, timeout: float = BROKER_PROBE_TIMEOUT) -> str | 
     finally:
         try:
             conn.release()
-        except Exception:  # noqa: BLE001, S110 - closing a connection that never opened
+        except Exception:  # noqa: BLE001 - closing a connection that never opened
             pass
     return None
 

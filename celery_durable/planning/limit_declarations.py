@@ -126,7 +126,7 @@ class TaskLimits:
         else:
             try:
                 key = self.key(*(args or ()), **(kwargs or {}))
-            except Exception as err:  # noqa: BLE001 - any error of the user's function fails the run, named
+            except Exception as err:  # any error of the user's function fails the run, named
                 raise KeyFunctionFailed(f"task {self.task!r}: {KEY} raised {err!r}") from err
         if not isinstance(key, str) or not key:
             raise KeyFunctionFailed(f"task {self.task!r}: {KEY} must return a non-empty string, got {key!r}")

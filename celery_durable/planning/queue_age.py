@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-#: The message header holding the Unix time a task message was sent (set on every send by an app with
-#: celery_durable installed, ``tasks/sent_stamp.py``): the queue gauges read the oldest ready age from it.
-SENT_AT_HEADER = "durable_sent_at"
+from celery_durable.headers import SENT_AT_HEADER
 
 
 def oldest_age(heads: Iterable[Mapping[str, Any]], now: float) -> float | None:

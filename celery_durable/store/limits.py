@@ -23,15 +23,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from celery_durable.headers import LIMITS_CHANNEL
 from celery_durable.planning.limit_declarations import Rate, Scope
 from celery_durable.planning.limits import Decision, LimitAsk, RunRoom, ScopeState, plan_batch, return_rate_turn
 from celery_durable.store.schema import limit_declarations as declarations
 from celery_durable.store.schema import limit_leases as leases
 from celery_durable.store.schema import limit_waiting as waiting
 from celery_durable.store.schema import rate_limits
-
-#: The PostgreSQL channel a transaction that made a waiting message ready notifies.
-CHANNEL = "durable_limits"
 
 #: The kind of a lease row that books a rate turn for a waiting message.
 RATE_KIND = "rate"
@@ -408,7 +406,7 @@ def _lock(conn: Connection, names: list[str]) -> None:
 
 def _notify(conn: Connection) -> None:
     if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
+        conn.exec_driver_sql(f"NOTIFY {LIMITS_CHANNEL}")
 
 
 def _aware(value: Any) -> datetime | None:

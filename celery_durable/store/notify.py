@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import exc
 from sqlalchemy.engine import Engine
 
-from celery_durable.store.outbox import CHANNEL
+from celery_durable.headers import OUTBOX_CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class Waker:
     and a store that is out fails every wait's reopening.
     """
 
-    def __init__(self, engine: Engine | None, channel: str = CHANNEL,
+    def __init__(self, engine: Engine | None, channel: str = OUTBOX_CHANNEL,
                  report: Callable[[BaseException | None], None] | None = None) -> None:
         self._channel = channel
         self._report = report
@@ -85,7 +85,7 @@ class Waker:
             try:
                 listener.poll()
                 listener.notifies.clear()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a broken LISTEN connection is dropped; the table is read all the same
                 self._drop()
         try:
             while os.read(self._read_fd, 4096):
@@ -103,7 +103,7 @@ class Waker:
                 listener.poll()
                 if listener.notifies:
                     return True
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a broken LISTEN connection is dropped; the wait falls back to polling
                 self._drop()
                 listener = None
             else:
@@ -131,6 +131,6 @@ class Waker:
         if self._listener is not None:
             try:
                 self._listener.close()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - closing a connection already broken
                 pass
             self._listener = None

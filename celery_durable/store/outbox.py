@@ -9,10 +9,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from celery_durable.headers import OUTBOX_CHANNEL
 from celery_durable.store.schema import outbox
-
-#: The PostgreSQL channel a commit with outbox rows notifies; the relay LISTENs on it.
-CHANNEL = "durable_outbox"
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,7 @@ def insert_txn(conn: Connection, *, task_id: str, task_name: str, args: str, kwa
     if conn.dialect.name == "postgresql":
         # Delivered only if the transaction commits (and once per transaction:
         # PostgreSQL folds identical notifications).
-        conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
+        conn.exec_driver_sql(f"NOTIFY {OUTBOX_CHANNEL}")
 
 
 def claim(conn: Connection, limit: int, now: datetime) -> list[OutboxRow]:

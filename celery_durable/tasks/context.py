@@ -10,18 +10,17 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from celery.exceptions import Ignore
 from sqlalchemy.engine import Connection, Engine
 
-from celery_durable.errors import NotDurable, StoreUnavailable
+from celery_durable.errors import NotDurable, SleepHandOff, StoreUnavailable
 from celery_durable.faults import AFTER_COMMIT, BEFORE_COMMIT, BEFORE_FN, NO_FAULTS, FaultPoints
+from celery_durable.headers import RESUME_HEADER
 from celery_durable.planning.checkpoints import Ledger, check_step_name
 from celery_durable.store import runs, steps
 from celery_durable.store.engine import autocommit, unavailable_as_error
 from celery_durable.store.json_values import from_json, to_json
 from celery_durable.store.runs import Run
 from celery_durable.tasks import store_outage as outage
-from celery_durable.tasks.headers import RESUME_HEADER
 
 logger = logging.getLogger("celery_durable.run")
 
@@ -142,8 +141,10 @@ class RunContext:
             # The wake-up still carries the token the row names: it resumes the run all the same.
             outage.failed(self.url, err, "durable.sleep.hand_off_failed", run_id=self.run.id)
             marked_sleeping = False
-        logger.debug("durable.sleep.handed_off id=%s marked_sleeping=%s", self.run.id, marked_sleeping)
-        raise Ignore(f"durable sleep {name!r}: woken again in {remaining:.3f}s")
+        logger.debug("durable.sleep.handed_off id=%s marked_sleeping=%s", self.run.id, marked_sleeping,
+                     extra={"event": "durable.sleep.handed_off", "run_id": self.run.id,
+                            "marked_sleeping": marked_sleeping})
+        raise SleepHandOff(name, remaining)
 
 
 def _wake_time(seconds: float) -> float:

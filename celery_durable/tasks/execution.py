@@ -24,7 +24,8 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery_durable import faults
 from celery_durable.compat.autoretry import max_retries, will_retry
 from celery_durable.config import lease_ttl
-from celery_durable.errors import NotDurable, RunExhausted, RunIdInvalid, StoreUnavailable
+from celery_durable.errors import NotDurable, RunExhausted, RunIdInvalid, SleepHandOff, StoreUnavailable
+from celery_durable.headers import RESUME_HEADER, STORE_WAITS_HEADER
 from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.metrics import jobs as metrics
 from celery_durable.planning import run_admission
@@ -38,7 +39,6 @@ from celery_durable.store.runs import Run
 from celery_durable.store.schema import DEAD, FAILED, SETTLED, SLEEPING, SUCCEEDED
 from celery_durable.tasks import store_outage as outage
 from celery_durable.tasks.context import RunContext, _current
-from celery_durable.tasks.headers import RESUME_HEADER, STORE_WAITS_HEADER
 
 logger = logging.getLogger("celery_durable.run")
 
@@ -136,8 +136,11 @@ def _attempt(ctx: RunContext, body: Callable[..., Any], bind: bool, args: tuple[
     try:
         value = body(task, *args, **kwargs) if bind else body(*args, **kwargs)
         encoded = encode(f"the result of {task.name}", value)
+    except SleepHandOff as handoff:
+        # The run is not over and did not fail: this delivery is acked, the wake-up resumes it.
+        raise Ignore(str(handoff)) from None
     except (Ignore, Reject, StoreUnavailable):
-        # A durable sleep (or the body's own choice): the run is not over and did not fail.
+        # The body's own choice: the run is not over and did not fail.
         # The store being down is no failure of the run either: the caller waits for it.
         raise
     except Retry as exc:
@@ -213,7 +216,7 @@ def _wait_for_store(task: Any, url: str, err: StoreUnavailable, resume: str | No
         headers[RESUME_HEADER] = resume
     try:
         _resend(task, delay, headers)
-    except Exception as send_err:
+    except Exception as send_err:  # noqa: BLE001 - whatever stops the re-send, the message goes back, never lost
         logger.error("durable.run.store_wait_failed id=%s: could not re-send while the store is down (%s); "
                      "handing the message back to the broker", request.id, send_err,
                      extra={"event": "durable.run.store_wait_failed", "run_id": request.id})
@@ -300,4 +303,5 @@ def call_hook(task: Any, run: Run) -> None:
     try:
         hook(run)
     except Exception:  # a broken hook must not change the run's outcome
-        logger.exception("durable.run.hook_failed task=%s id=%s", task.name, run.id)
+        logger.exception("durable.run.hook_failed task=%s id=%s", task.name, run.id,
+                         extra={"event": "durable.run.hook_failed", "task": task.name, "run_id": run.id})

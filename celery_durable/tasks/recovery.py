@@ -20,6 +20,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
+from celery_durable.headers import RESUME_HEADER
 from celery_durable.leases.keeper import new_token
 from celery_durable.metrics import jobs
 from celery_durable.store import runs as store_runs
@@ -27,7 +28,6 @@ from celery_durable.store.clock import store_now
 from celery_durable.store.engine import engine_for, store_exists, unavailable_as_error
 from celery_durable.store.runs import Run
 from celery_durable.store.schema import SLEEPING
-from celery_durable.tasks.headers import RESUME_HEADER
 from celery_durable.tasks.runs import send
 
 logger = logging.getLogger("celery_durable.run")

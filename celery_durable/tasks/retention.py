@@ -48,5 +48,6 @@ def purge_runs(url: str, older_than: float, states: Sequence[str] = RETAINED_STA
             break
     if removed:
         logger.info("durable.runs.purged runs=%s older_than=%ss states=%s", removed, older_than, ",".join(states),
-                    extra={"event": "durable.runs.purged"})
+                    extra={"event": "durable.runs.purged", "runs": removed, "older_than": older_than,
+                           "states": list(states)})
     return removed

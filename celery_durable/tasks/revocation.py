@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import signals
-
 from celery_durable.errors import NotJSON
 from celery_durable.metrics import jobs as metrics
 from celery_durable.store import runs
@@ -23,10 +21,6 @@ from celery_durable.store.json_values import encode
 from celery_durable.tasks.execution import call_hook
 
 logger = logging.getLogger("celery_durable.run")
-
-
-def connect() -> None:
-    signals.task_revoked.connect(on_task_revoked, weak=False, dispatch_uid="celery_durable.task_revoked")
 
 
 def on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = False, signum: Any = None,
@@ -43,7 +37,7 @@ def on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = 
         # this names the run. The worker's revoked set still keeps the id out
         # of this worker; a delivery elsewhere would run it.
         logger.exception("durable.run.cancel_failed task=%s id=%s", sender.name, request.id,
-                         extra={"event": "durable.run.cancel_failed", "run_id": request.id})
+                         extra={"event": "durable.run.cancel_failed", "task": sender.name, "run_id": request.id})
 
 
 def cancel_revoked(task: Any, request: Any, *, reason: str) -> runs.Run | None:
@@ -57,7 +51,8 @@ def cancel_revoked(task: Any, request: Any, *, reason: str) -> runs.Run | None:
                           kwargs=_json_or_null(getattr(request, "kwargs", None) or {}), reason=reason)
     if run is None:
         logger.info("durable.run.revoked_settled task=%s id=%s: already settled, nothing to cancel",
-                    task.name, request.id, extra={"event": "durable.run.revoked_settled", "run_id": request.id})
+                    task.name, request.id, extra={"event": "durable.run.revoked_settled", "task": task.name,
+                                                   "run_id": request.id})
         return None
     logger.info("durable.run.cancelled task=%s id=%s reason=%s", task.name, run.id, reason,
                 extra={"event": "durable.run.cancelled", "task": task.name, "run_id": run.id, "reason": reason})

@@ -11,16 +11,9 @@ from __future__ import annotations
 from time import time
 from typing import Any
 
-from celery import signals
-
-from celery_durable.planning.queue_age import SENT_AT_HEADER
+from celery_durable.headers import SENT_AT_HEADER
 
 
 def stamp(headers: dict[str, Any] | None = None, **_: Any) -> None:
     if headers is not None:
         headers[SENT_AT_HEADER] = time()
-
-
-def connect() -> None:
-    """Stamp every task message this process sends (once, however many apps install celery_durable)."""
-    signals.before_task_publish.connect(stamp, weak=False, dispatch_uid="celery_durable.sent_stamp")

@@ -90,10 +90,6 @@ def available(url: str) -> None:
                        extra={"event": "durable.store.available", "store": shown_url(url), "lasted": lasted})
 
 
-def is_down(url: str) -> bool:
-    return url in _down
-
-
 def describe(err: BaseException) -> str:
     """The error in one line: the driver's own message, without SQLAlchemy's statement and help link."""
     shown = err.__cause__ if isinstance(err, StoreUnavailable) and err.__cause__ is not None else err

@@ -17,9 +17,9 @@ from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.compat.request import eta_ahead, waits_for_eta
 from celery_durable.planning.limits import BACK, RunRoom
 from celery_durable.worker.fetchers import give_back_in_place
+from celery_durable.worker.held_runs import HeldRun, HeldRuns
 from celery_durable.worker.limit_gate import Admission, LimitGate
 from celery_durable.worker.parking import Parker, undecodable
-from celery_durable.worker.process_cap import HeldRun, HeldRuns
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class Admitter:
             # that are not [args, kwargs, embed], a bad header): the content,
             # not the worker, is at fault.
             logger.warning("durable.message.unreadable queue=%s", queue_name, exc_info=True,
-                           extra={"queue": queue_name})
+                           extra={"event": "durable.message.unreadable", "queue": queue_name})
             self._park(queue_name, message, f"the task handler raised {exc!r}")
             return False
         finally:

@@ -9,8 +9,6 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery import signals
-
 from celery_durable.compat import worker_controller as controller
 from celery_durable.compat.host_check import check_host
 from celery_durable.compat.pool_alias import register_pool_alias
@@ -20,6 +18,7 @@ from celery_durable.metrics import count_files
 from celery_durable.planning import limit_declarations as declarations
 from celery_durable.planning.limit_declarations import LimitInvalid, TaskLimits
 from celery_durable.worker import cli_options
+from celery_durable.worker.signals import connect_boot, connect_worker_shutdown
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +72,7 @@ def register() -> None:
     register_pool_alias(POOL_ALIAS, POOL_PATH)
     if _registered:
         return
-    signals.celeryd_init.connect(_remember_command_line, weak=False, dispatch_uid="celery_durable.celeryd_init")
-    signals.worker_init.connect(_wire_durable_worker, weak=False, dispatch_uid="celery_durable.worker_init")
+    connect_boot(_remember_command_line, _wire_durable_worker)
     _registered = True
 
 
@@ -117,7 +115,8 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
         check_host()
         controller.check_worker(worker)
     except HostIncompatible as err:
-        logger.error("durable.host.incompatible: %s", err)
+        logger.error("durable.host.incompatible: %s", err,
+                     extra={"event": "durable.host.incompatible", "error": str(err)})
         raise SystemExit(f"celery_durable: refusing to start: {err}") from None
     try:
         config = _validated_config(worker)
@@ -132,7 +131,8 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
             _check_store_for_limits(limits, config)
     except (ConfigInvalid, LimitInvalid) as err:
         # One clear line, no traceback wall: the worker refuses to boot.
-        logger.error("durable.config.invalid: %s", err)
+        logger.error("durable.config.invalid: %s", err,
+                     extra={"event": "durable.config.invalid", "setting": err.setting, "error": str(err)})
         raise SystemExit(f"celery_durable: refusing to start: {err}") from None
     _configs[worker] = config
     _limits[worker] = limits
@@ -153,6 +153,8 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
             "durable.boot.cap_above_pool: durable_max_in_flight=%s exceeds the pool size %s; "
             "the worker holds at most %s (it never buffers runs the pool cannot start)",
             config.max_in_flight, controller.pool_size(worker), controller.pool_size(worker),
+            extra={"event": "durable.boot.cap_above_pool", "max_in_flight": config.max_in_flight,
+                   "pool_size": controller.pool_size(worker)},
         )
 
 
@@ -168,7 +170,8 @@ def _refuse_limits_unchecked(worker: Any) -> None:
         pool = pool_cls if isinstance(pool_cls, str) else pool_cls.__module__.rsplit(".", 1)[-1]
         message = (f"task {name!r} declares {option}, which only a -P durable worker enforces; "
                    f"this worker (-P {pool}) would run it unchecked")
-        logger.error("durable.limit.unenforced: %s", message)
+        logger.error("durable.limit.unenforced: %s", message,
+                     extra={"event": "durable.limit.unenforced", "task": name, "option": option})
         raise SystemExit(f"celery_durable: refusing to start: {message}")
 
 
@@ -199,7 +202,7 @@ def _share_counts(worker: Any) -> None:
             count_files.unshare(directory)
 
     # Sent after a warm shutdown has joined the pool: no child counts after it.
-    signals.worker_shutdown.connect(remove, weak=False)
+    connect_worker_shutdown(remove)
     # A cold shutdown sends no worker_shutdown.
     atexit.register(remove)
 

@@ -28,10 +28,10 @@ from celery_durable.worker.fetchers import (
     fetcher_for,
     gives_back_in_place,
 )
+from celery_durable.worker.held_runs import HeldRuns
 from celery_durable.worker.idle_wait import IdleWait, idle_wait_for
 from celery_durable.worker.limit_gate import LimitGate
 from celery_durable.worker.parking import parker_for
-from celery_durable.worker.process_cap import HeldRuns
 
 
 class Claimer:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from celery import bootsteps, signals
+from celery import bootsteps
 from celery.worker.consumer import Consumer
 
 from celery_durable.compat.consumer import ConsumerHooks, claiming_loop, consumer_blueprint
@@ -21,6 +21,7 @@ from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.limit_gate import LimitDispatcher, LimitGate
 from celery_durable.worker.loop_kicks import LoopKicks
 from celery_durable.worker.runtime import WorkerRuntime
+from celery_durable.worker.signals import connect_consumer, disconnect_consumer
 
 
 class DurableStats(bootsteps.StartStopStep):
@@ -60,25 +61,13 @@ class DurableConsumer(ConsumerHooks):
             stop_requested=shutdown_requested,
             gate=_limit_gate(self.app, config, limits_for(self.controller)),
         )
-        # Kept as attributes: the e2e harness and remote control read them.
-        self.held = self.runtime.held
-        self.drain = self.runtime.drain
         self._kicks: LoopKicks | None = None
         self.pool.run_listener = self.runtime
-        self.pool.drain = self.drain
-        signals.task_received.connect(self._on_task_received, sender=self, weak=False)
-        signals.task_revoked.connect(self._on_task_revoked, weak=False)
+        self.pool.drain = self.runtime.drain
+        connect_consumer(self, self._on_task_received, self._on_task_revoked)
         worker_gauges.register_worker(self.runtime, config)
         self._queue_watch = queue_metrics.watch(self.app, lambda: list(self.app.amqp.queues.consume_from.values()),
                                                 resolve_url(config.database_url))
-
-    @property
-    def durable_capacity(self) -> int:
-        return self.runtime.capacity()
-
-    @property
-    def claimer(self) -> Claimer | None:
-        return self.runtime.claimer
 
     def _loop_kicks(self, hub: Any) -> LoopKicks | None:
         # One per connection: Celery resets its hub (forgetting every fd) when it reconnects.
@@ -179,15 +168,11 @@ class DurableConsumer(ConsumerHooks):
         try:
             super().shutdown()
         finally:
-            signals.task_received.disconnect(self._on_task_received, sender=self)
-            signals.task_revoked.disconnect(self._on_task_revoked)
+            disconnect_consumer(self, self._on_task_received, self._on_task_revoked)
             worker_gauges.unregister_worker(self.runtime)
             queue_metrics.unwatch(self._queue_watch)
             self.runtime.close_limits()
             self.runtime.leave_broker()
-
-    def durable_stats(self) -> dict[str, Any]:
-        return self.runtime.stats()
 
 
 def _limit_gate(app: Any, config: DurableConfig, limits: dict[str, TaskLimits]) -> LimitGate | None:

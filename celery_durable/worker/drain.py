@@ -12,8 +12,8 @@ from typing import Any
 
 from celery_durable.compat.host_types import HostMessage
 from celery_durable.config import DurableConfig
-from celery_durable.planning.queue_age import SENT_AT_HEADER
-from celery_durable.worker.process_cap import HeldRun, HeldRuns
+from celery_durable.headers import SENT_AT_HEADER, TASK_ID_HEADER
+from celery_durable.worker.held_runs import HeldRun, HeldRuns
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ class Drain:
     def _watch(self) -> None:
         held = self._held
         deadline = self._clock() + self._config.drain_timeout
-        logger.info("durable.drain.started held=%s", held.held())
+        count = held.held()
+        logger.info("durable.drain.started held=%s", count, extra={"event": "durable.drain.started", "held": count})
         # Only runs the pool has can still finish: the consumer (and with it
         # Celery's ETA timer) stopped before the pool, so a run waiting for its
         # ETA or for a slot will never reach the pool. Waiting for one would
@@ -64,11 +65,12 @@ class Drain:
             threading.Event().wait(_POLL_SECONDS)
         left = held.snapshot()
         if not left:
-            logger.info("durable.drain.finished")
+            logger.info("durable.drain.finished", extra={"event": "durable.drain.finished"})
             return
         if not self._pool_has_runs():
             logger.info("durable.drain.not_started handing back=%s: runs that never reached the pool "
-                        "(waiting for their ETA or a slot) go back at once", len(left))
+                        "(waiting for their ETA or a slot) go back at once", len(left),
+                        extra={"event": "durable.drain.not_started", "handing_back": len(left)})
             for run in left:
                 self._hand_back(run)
             return
@@ -82,8 +84,10 @@ class Drain:
                 logger.warning(
                     "durable.drain.threads_running held=%s: threads cannot be stopped; "
                     "waiting for them to return", len(running),
+                    extra={"event": "durable.drain.threads_running", "running": len(running)},
                 )
-        logger.warning("durable.drain.deadline handing back=%s to the broker", len(left))
+        logger.warning("durable.drain.deadline handing back=%s to the broker", len(left),
+                       extra={"event": "durable.drain.deadline", "handing_back": len(left)})
         for run in left:
             self._hand_back(run)
 
@@ -93,6 +97,7 @@ class Drain:
     def _hand_back(self, run: HeldRun) -> None:
         run.handed_back = True
         message = run.message
+        task_id = _task_id(message)
         try:
             if not message.acknowledged:
                 message.reject(requeue=True)
@@ -100,10 +105,12 @@ class Drain:
                 # Acked at start (acks_late off): the broker no longer has it,
                 # so a copy goes back, same id, same retry count.
                 self._republish(message, run.queue)
-        except Exception:  # noqa: BLE001 - logged with the task id; nothing else can be done here
-            logger.exception("durable.drain.hand_back_failed queue=%s", run.queue)
+        except Exception:  # logged with the task id; nothing else can be done here
+            logger.exception("durable.drain.hand_back_failed queue=%s id=%s", run.queue, task_id,
+                             extra={"event": "durable.drain.hand_back_failed", "queue": run.queue, "task_id": task_id})
         else:
-            logger.info("durable.drain.handed_back queue=%s id=%s", run.queue, _task_id(message))
+            logger.info("durable.drain.handed_back queue=%s id=%s", run.queue, task_id,
+                        extra={"event": "durable.drain.handed_back", "queue": run.queue, "task_id": task_id})
         self.handed_back.append(run)
         pid = getattr(run.request, "worker_pid", None) if run.request is not None else None
         if pid and pid != os.getpid():
@@ -137,4 +144,4 @@ def _started(run: HeldRun) -> bool:
 
 def _task_id(message: HostMessage) -> Any:
     headers = message.headers or {}
-    return headers.get("id")
+    return headers.get(TASK_ID_HEADER)

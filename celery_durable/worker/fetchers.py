@@ -14,8 +14,8 @@ from celery_durable.compat.amqp import pipelined_gets, pipelined_ready_counts, s
 from celery_durable.compat.host_types import HostChannel, RedisChannel
 from celery_durable.compat.redis_channel import channel_client, channel_qos, is_redis
 from celery_durable.compat.transport_guards import guard_channel
+from celery_durable.headers import PARKED_SUFFIX
 from celery_durable.worker.parking import (
-    PARKED_SUFFIX,
     POISON_POLICY,
     envelope,
     log_parked,

@@ -79,8 +79,9 @@ class IdleChannels:
         for channel, _ in self._held:
             try:
                 channel.close()
-            except Exception:  # noqa: BLE001 - closing on the way out; the broker requeues
-                logger.debug("durable.idle.channel_close_failed", exc_info=True)
+            except Exception:  # closing on the way out; the broker requeues
+                logger.debug("durable.idle.channel_close_failed", exc_info=True,
+                             extra={"event": "durable.idle.channel_close_failed"})
         self._held.clear()
 
 
@@ -126,8 +127,8 @@ class ConsumerIdleWait:
         for consumer in consumers:
             try:
                 consumer.cancel()
-            except Exception:  # noqa: BLE001 - a dead channel has nothing left to cancel
-                logger.debug("durable.idle.cancel_failed", exc_info=True)
+            except Exception:  # a dead channel has nothing left to cancel
+                logger.debug("durable.idle.cancel_failed", exc_info=True, extra={"event": "durable.idle.cancel_failed"})
 
     def close(self) -> None:
         self.cancel()

@@ -30,6 +30,14 @@ from typing import Any
 from kombu.utils import json as kombu_json
 
 from celery_durable.compat.redis_claim import ack_many
+from celery_durable.headers import (
+    KEY_HEADER,
+    LIMITS_CHANNEL,
+    SENT_AT_HEADER,
+    TASK_ID_HEADER,
+    TASK_NAME_HEADER,
+    WHEN_BUSY_HEADER,
+)
 from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.metrics import jobs
 from celery_durable.metrics import limits as limit_metrics
@@ -42,7 +50,6 @@ from celery_durable.planning.limit_declarations import (
     TaskLimits,
 )
 from celery_durable.planning.limits import BACK, DROP, FAIL, RUN, WAIT, Decision, LimitAsk, RunRoom
-from celery_durable.planning.queue_age import SENT_AT_HEADER
 from celery_durable.store import limits as store
 from celery_durable.store.clock import engine_now, store_now
 from celery_durable.store.engine import autocommit, engine_for, ensure_schema, unavailable_as_error
@@ -50,11 +57,6 @@ from celery_durable.store.notify import Waker
 from celery_durable.tasks import store_outage as outage
 
 logger = logging.getLogger("celery_durable.limits")
-
-#: The header a call may name its key in (``apply_async(headers={"durable_key": "org:7"})``).
-KEY_HEADER = "durable_key"
-#: The header a call may say what it does when busy in (``headers={"durable_when_busy": "drop"}``).
-WHEN_BUSY_HEADER = "durable_when_busy"
 
 #: Seconds a scope found busy by the general transaction is assumed still busy (see ``_busy_until``).
 BUSY_MEMORY = 0.25
@@ -124,13 +126,13 @@ class LimitGate:
                 self.declare(conn)
         except Exception as err:  # noqa: BLE001 - the dispatcher declares again at each sweep
             logger.warning("durable.limit.declare_failed error=%s: declared again at the dispatcher's next sweep",
-                           err, extra={"event": "durable.limit.declare_failed"})
+                           err, extra={"event": "durable.limit.declare_failed", "error": repr(err)})
         limit_metrics.watch(url, tuple(self.limits))
 
     # -- admission -----------------------------------------------------------------------
     def decides(self, message: Any) -> bool:
         """Whether ``message``'s task declares a fleet limit (the store decides whether it runs)."""
-        return str((message.headers or {}).get("task")) in self.limits
+        return str((message.headers or {}).get(TASK_NAME_HEADER)) in self.limits
 
     def admit_or_hand_back(self, items: list[tuple[str, Any]],
                            room: RunRoom | None = None) -> tuple[list[Admission | None], bool]:
@@ -167,10 +169,10 @@ class LimitGate:
         asks: list[tuple[int, LimitAsk, TaskLimits]] = []
         for index, (queue, message) in enumerate(items):
             headers = message.headers or {}
-            limits = self.limits.get(str(headers.get("task")))
+            limits = self.limits.get(str(headers.get(TASK_NAME_HEADER)))
             if limits is None:
                 continue
-            task_id = str(headers.get("id"))
+            task_id = str(headers.get(TASK_ID_HEADER))
             try:
                 args, kwargs = _arguments(message)
             except Exception:  # noqa: BLE001 - a body Celery cannot read either: its strategy parks it
@@ -277,7 +279,8 @@ class LimitGate:
             jobs.count(queue, "dropped")
             logger.info("durable.limit.dropped task=%s id=%s key=%s: busy, and the task drops when busy",
                         ask.task, ask.task_id, decision.busy.key if decision.busy else "",
-                        extra={"event": "durable.limit.dropped", "task_id": ask.task_id})
+                        extra={"event": "durable.limit.dropped", "task": ask.task, "task_id": ask.task_id,
+                               "key": decision.busy.key if decision.busy else ""})
             return Admission(DROP)
         if decision.verdict == BACK:
             return Admission(BACK)
@@ -420,7 +423,7 @@ class LimitDispatcher:
         self._stopping = threading.Event()
         self._returns: deque[store.Return] = deque()
         engine = engine_for(gate.url)
-        self._waker = Waker(engine if engine.dialect.name == "postgresql" else None, store.CHANNEL,
+        self._waker = Waker(engine if engine.dialect.name == "postgresql" else None, LIMITS_CHANNEL,
                             report=self._listened)
         self._thread: threading.Thread | None = None
 

@@ -25,10 +25,10 @@ from celery_durable.compat.host_types import HostChannel, HostMessage, RedisChan
 from celery_durable.compat.redis_channel import channel_client, is_redis
 from celery_durable.compat.redis_claim import forget_unacked
 from celery_durable.compat.transport_guards import message_raw, put_raw
+from celery_durable.headers import PARKED_FROM_HEADER, PARKED_REASON_HEADER, PARKED_SUFFIX
 
 logger = logging.getLogger(__name__)
 
-PARKED_SUFFIX = ".durable.parked"
 #: How much of a parked item the log shows: enough to recognise it, not a whole payload.
 HEAD_BYTES = 200
 
@@ -48,10 +48,12 @@ def head(raw: Any) -> str:
 
 
 def log_parked(queue: str, raw: Any, reason: str) -> None:
+    shown = head(raw)
     logger.error(
         "durable.message.parked queue=%s parked_to=%s reason=%s head=%s",
-        queue, parked_name(queue), reason, head(raw),
-        extra={"queue": queue, "parked_to": parked_name(queue), "reason": reason},
+        queue, parked_name(queue), reason, shown,
+        extra={"event": "durable.message.parked", "queue": queue, "parked_to": parked_name(queue), "reason": reason,
+               "head": shown},
     )
 
 
@@ -122,8 +124,8 @@ class AmqpParker:
         if not message.errors:
             # kombu decompressed the body on delivery: the copy is not compressed.
             headers.pop("compression", None)
-        headers["x-durable-parked-from"] = queue
-        headers["x-durable-parked-reason"] = reason[:1000]
+        headers[PARKED_FROM_HEADER] = queue
+        headers[PARKED_REASON_HEADER] = reason[:1000]
         properties["application_headers"] = headers
         properties["delivery_mode"] = 2
         body = message.body if isinstance(message.body, bytes) else str_to_bytes(message.body or "")

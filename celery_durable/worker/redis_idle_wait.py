@@ -92,7 +92,9 @@ class RedisIdleWait:
                 self._said_too_many = True
                 logger.warning("durable.idle.redis_too_many_lists lists=%d max=%d: waiting with kombu's BRPOP "
                                "(one connection; a worker killed as a message arrives can lose it)",
-                               len(wanted), MAX_PEEK_LISTS)
+                               len(wanted), MAX_PEEK_LISTS,
+                               extra={"event": "durable.idle.redis_too_many_lists", "lists": len(wanted),
+                                      "max": MAX_PEEK_LISTS})
             return False
         self._queues, self._wanted = queues, wanted
         for key in sorted(wanted - self._blocked):
@@ -126,7 +128,8 @@ class RedisIdleWait:
             send_peek(entry[0], key, PEEK_TIMEOUT)
         except self._errors:
             # The claimer's passes go on (they are what takes messages); the next arm tries again.
-            logger.warning("durable.idle.redis_peek_failed list=%s", key, exc_info=True)
+            logger.warning("durable.idle.redis_peek_failed list=%s", key, exc_info=True,
+                           extra={"event": "durable.idle.redis_peek_failed", "list": key})
             self._drop(key)
             return
         self._blocked.add(key)
@@ -139,7 +142,8 @@ class RedisIdleWait:
         try:
             item = entry[0].read_response()
         except self._errors:
-            logger.warning("durable.idle.redis_peek_lost list=%s", key, exc_info=True)
+            logger.warning("durable.idle.redis_peek_lost list=%s", key, exc_info=True,
+                           extra={"event": "durable.idle.redis_peek_lost", "list": key})
             self._drop(key)
             self._on_wake()  # the pass it kicks arms again, on a new connection
             return
@@ -147,7 +151,8 @@ class RedisIdleWait:
             if "unknown command" not in str(exc).lower():
                 raise
             logger.warning("durable.idle.redis_without_blmove: waiting with kombu's BRPOP instead "
-                           "(Redis >= 6.2 keeps a killed worker from taking the message it was handed)")
+                           "(Redis >= 6.2 keeps a killed worker from taking the message it was handed)",
+                           extra={"event": "durable.idle.redis_without_blmove"})
             self.supported = False
             self.close()
             self._on_wake()
@@ -171,9 +176,11 @@ class RedisIdleWait:
         try:
             # Before the socket closes: its number may be reused by the next socket opened.
             self._hub.remove_reader(fd)
-        except Exception:  # noqa: BLE001 - a hub already closed polls nothing
-            logger.debug("durable.idle.redis_remove_reader_failed", exc_info=True)
+        except Exception:  # a hub already closed polls nothing
+            logger.debug("durable.idle.redis_remove_reader_failed", exc_info=True,
+                         extra={"event": "durable.idle.redis_remove_reader_failed"})
         try:
             connection.disconnect()
-        except Exception:  # noqa: BLE001 - closing on the way out; the server drops the peek with it
-            logger.debug("durable.idle.redis_disconnect_failed", exc_info=True)
+        except Exception:  # closing on the way out; the server drops the peek with it
+            logger.debug("durable.idle.redis_disconnect_failed", exc_info=True,
+                         extra={"event": "durable.idle.redis_disconnect_failed"})

@@ -112,7 +112,7 @@ class RedisRestorer:
             scripts.discard(dead)
             logger.warning("durable.redis.holder_unreadable holder=%s error=%s: dropped; its unacked messages "
                            "come back after visibility_timeout", dead, exc,
-                           extra={"event": "durable.redis.holder_unreadable", "holder": dead})
+                           extra={"event": "durable.redis.holder_unreadable", "holder": dead, "error": repr(exc)})
             return
         scripts.restore(tags)
         if scripts.forget(dead) and tags:
@@ -130,7 +130,8 @@ class RedisRestorer:
             ceiling = time() - visibility_timeout(self._channel)
             scripts.restore(scripts.expired_unheld(ceiling, restore_limit(self._channel)))
         except self._channel.connection_errors:
-            logger.warning("durable.redis.restore_failed", exc_info=True)
+            logger.warning("durable.redis.restore_failed", exc_info=True,
+                           extra={"event": "durable.redis.restore_failed"})
 
     def leave(self) -> None:
         """A clean stop: mark this worker dead now, so anything it still holds comes back at the next scan."""
@@ -153,6 +154,7 @@ class RedisRestorer:
                 # restored (this one's renewals were late) is not re-added as held.
                 renew_unacked(client, channel_qos(self._channel), scores)
         except self._channel.connection_errors:
-            logger.warning("durable.redis.renew_failed held=%d", len(scores), exc_info=True)
+            logger.warning("durable.redis.renew_failed held=%d", len(scores), exc_info=True,
+                           extra={"event": "durable.redis.renew_failed", "held": len(scores)})
             return 0
         return len(scores)

@@ -51,8 +51,8 @@ class OutboxRelay(bootsteps.StartStopStep):
     def _run(self) -> None:
         try:
             self.relay.run()
-        except Exception:  # noqa: BLE001 - the worker keeps running tasks without its relay
-            logger.exception("durable.relay.crashed")
+        except Exception:  # the worker keeps running tasks without its relay
+            logger.exception("durable.relay.crashed", extra={"event": "durable.relay.crashed"})
 
     def stop(self, c: Any) -> None:
         if shutdown_requested():

@@ -27,8 +27,8 @@ from celery_durable.worker.claim_stats import ClaimStats
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.drain import Drain
 from celery_durable.worker.fetchers import Fetcher, fetcher_for
+from celery_durable.worker.held_runs import HeldRun, HeldRuns
 from celery_durable.worker.limit_gate import LimitGate
-from celery_durable.worker.process_cap import HeldRun, HeldRuns
 from celery_durable.worker.redis_restore import RedisRestorer
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,8 @@ class WorkerRuntime:
             # Logged here, not at worker_init: Celery sets its logging up after that signal.
             logger.info("durable.config.queue_not_consumed queues=%s: durable_queue_concurrency names queues "
                         "this worker does not consume (-Q); their slots apply if add_consumer adds them",
-                        ",".join(unconsumed), extra={"queues": unconsumed})
+                        ",".join(unconsumed),
+                        extra={"event": "durable.config.queue_not_consumed", "queues": unconsumed})
         slots = {queue: config.slots_for(queue) for queue in queues}
         self._capacity = capacity(config.max_in_flight, pool_limit, list(slots.values()))
         self.pool_limit = pool_limit
@@ -116,10 +117,13 @@ class WorkerRuntime:
             # found dead, and would wait out kombu's visibility timeout instead.
             restorer.beat()
             new_fetcher = functools.partial(self._new_fetcher, held_key=restorer.held_key)
+        queue_slots = self.held.free_slots()
         logger.info(
             "durable.worker.capacity capacity=%s max_in_flight=%s pool=%s queue_slots=%s",
-            self._capacity, self.config.max_in_flight, self.pool_limit, self.held.free_slots(),
-            extra={"capacity": self._capacity, "max_in_flight": self.config.max_in_flight},
+            self._capacity, self.config.max_in_flight, self.pool_limit, queue_slots,
+            extra={"event": "durable.worker.capacity", "capacity": self._capacity,
+                   "max_in_flight": self.config.max_in_flight, "pool": self.pool_limit,
+                   "queue_slots": queue_slots},
         )
         claimer = Claimer(
             connection=connection,
@@ -264,14 +268,15 @@ class WorkerRuntime:
         self.held.set_queue(queue, self.config.slots_for(queue))
         # The queues' slots may have been what bounded the capacity: an added queue raises it.
         self._recompute_capacity()
-        logger.info("durable.queue.added queue=%s", queue)
+        logger.info("durable.queue.added queue=%s", queue, extra={"event": "durable.queue.added", "queue": queue})
         self.kick()
 
     def queue_cancelled(self, queue: str) -> None:
         """``cancel_consumer``: nothing more is claimed from ``queue``; runs held from it go on."""
         if self.claimer is not None:
             self.claimer.queues_changed()
-        logger.info("durable.queue.cancelled queue=%s", queue)
+        logger.info("durable.queue.cancelled queue=%s", queue,
+                    extra={"event": "durable.queue.cancelled", "queue": queue})
 
     def pool_resized(self, pool_size: int) -> None:
         """The pool grew or shrank (``pool_grow``/``pool_shrink``): the capacity follows it.
@@ -283,7 +288,7 @@ class WorkerRuntime:
         self.pool_limit = pool_size
         self._recompute_capacity()
         logger.info("durable.pool.resized pool=%s capacity=%s", pool_size, self._capacity,
-                    extra={"pool": pool_size, "capacity": self._capacity})
+                    extra={"event": "durable.pool.resized", "pool": pool_size, "capacity": self._capacity})
         self.kick()
 
     def _recompute_capacity(self) -> None:

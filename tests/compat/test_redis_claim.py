@@ -13,7 +13,7 @@ import redis
 from kombu import Connection, Exchange, Queue
 
 from celery_durable.compat import redis_claim
-from celery_durable.worker.parking import PARKED_SUFFIX
+from celery_durable.headers import PARKED_SUFFIX
 from tests.compat.conftest import delete_redis_queues, unique
 from tests.services import REDIS_URL, redis_problem, require
 

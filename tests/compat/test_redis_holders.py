@@ -10,7 +10,7 @@ import pytest
 
 from celery_durable.compat import redis_claim
 from celery_durable.compat.redis_holders import HeldSetUnreadable, HolderScripts, held_key
-from celery_durable.worker.parking import PARKED_SUFFIX
+from celery_durable.headers import PARKED_SUFFIX
 from tests.compat.test_redis_claim import RedisQueue, redis_queue  # noqa: F401 - redis_queue is a fixture
 from tests.e2e.harness import wait_for
 

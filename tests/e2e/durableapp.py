@@ -72,6 +72,20 @@ def sleeper(self: Any, label: str, seconds: float) -> str:
     return label
 
 
+@app.durable_task(bind=True, name="durable.guarded_sleeper")
+def guarded_sleeper(self: Any, label: str, seconds: float) -> str:
+    run_id = self.request.id
+    observe("exec", label, id=run_id)
+    try:
+        celery_durable.sleep("nap", seconds)
+    except Exception:  # noqa: BLE001 - the broad except under test
+        # A body's broad except, as user code writes it: the sleep's hand-off must pass through it.
+        observe("swallowed", label, id=run_id)
+    self.step("after", effect, run_id, "after")
+    observe("woke", label, id=run_id)
+    return label
+
+
 @app.durable_task(bind=True, name="durable.quick", on_settled=_settled)
 def quick(self: Any, label: str) -> str:
     observe("start", label, id=self.request.id)

@@ -56,7 +56,7 @@ def _env(s: Scenario, url: str, token: str | None) -> dict[str, str]:
 def running_dashboard(s: Scenario, url: str, token: str | None) -> Iterator[int]:
     """``celery durable dashboard`` on a free port, sampling every half second; yields the port."""
     port = free_port()
-    log = open(os.path.join(os.environ.get("E2E_LOG_DIR", "/tmp"), f"dashboard-{port}.log"), "wb")  # noqa: SIM115
+    log = open(os.path.join(os.environ.get("E2E_LOG_DIR", "/tmp"), f"dashboard-{port}.log"), "wb")
     process = subprocess.Popen([sys.executable, "-m", "celery", "-A", APP, "durable", "dashboard", "--port", str(port),
                                 "--interval", "0.5"], cwd=REPO, env=_env(s, url, token), stdout=log,
                                stderr=subprocess.STDOUT)

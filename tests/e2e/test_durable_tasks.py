@@ -81,6 +81,21 @@ def test_a_durable_sleep_frees_the_slot_for_another_task(durable_scenario, store
     assert worker.terminate() == 0
 
 
+def test_a_durable_sleep_inside_a_bodys_except_exception_still_sleeps_and_resumes(durable_scenario):
+    s, url = durable_scenario("postgresql", "redis")
+    worker = s.worker(app=APP, conf=conf(url), concurrency=1).wait_ready()
+    run_id = s.send_task("q", "durable.guarded_sleeper", ["guarded", 1.5])
+    wait_for(lambda: s.labelled("woke", "guarded"), timeout=30, what="the guarded sleeper to wake")
+    execs = s.labelled("exec", "guarded")
+    # The hand-off ended the first execution; the wake-up ran the body again past the sleep.
+    assert s.labelled("swallowed", "guarded") == []
+    assert len(execs) == 2
+    assert s.labelled("woke", "guarded")[0]["t"] - execs[0]["t"] >= 1.5, "the guarded sleeper woke early"
+    assert effects(url, run_id) == {"after": 1}
+    assert run_state(url, run_id) == "succeeded"
+    assert worker.terminate() == 0
+
+
 @pytest.mark.parametrize("execution", ["prefork", "threads"])
 def test_a_dead_run_is_counted_by_the_worker_handed_to_its_hook_and_requeued(durable_scenario, execution):
     s, url = durable_scenario("postgresql")

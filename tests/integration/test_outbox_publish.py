@@ -17,14 +17,14 @@ from celery import Celery
 from kombu import Connection, Exchange, Queue
 
 from celery_durable import outbox
+from celery_durable.headers import SENT_AT_HEADER
 from celery_durable.outbox.publishing import amqp_confirms, redis_pipeline
 from celery_durable.outbox.publishing.batch import publish_batch, publish_one_by_one
 from celery_durable.outbox.publishing.outcome import BatchPublished
 from celery_durable.outbox.relay import Relay
-from celery_durable.planning.queue_age import SENT_AT_HEADER
 from celery_durable.store import outbox as store
 from celery_durable.store.outbox import OutboxRow
-from celery_durable.tasks.sent_stamp import connect as stamp_sent_messages
+from celery_durable.worker.signals import connect_install
 from tests.e2e.harness import wait_for
 from tests.faultproxy import FaultProxy
 from tests.services import broker_url
@@ -95,7 +95,7 @@ def test_redis_fast_path_stores_each_message_as_kombu_would(
                       "shadow": "publish.alias"}),
     ]
     rows = enqueue_and_claim(app, user_engine, specs)
-    stamp_sent_messages()  # as install(app) does: both paths stamp each message's send time
+    connect_install()  # as install(app) does: both paths stamp each message's send time
     sent_from = time.time()
     with app.producer_or_acquire() as producer:
         assert redis_pipeline.handles(producer.connection.transport, producer)

@@ -17,8 +17,8 @@ from kombu import Connection, Exchange, Queue
 
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.fetchers import RedisFetcher, fetcher_for
+from celery_durable.worker.held_runs import HeldRuns
 from celery_durable.worker.parking import parked_name
-from celery_durable.worker.process_cap import HeldRuns
 from tests.e2e.harness import wait_for
 from tests.services import AMQP_URL, REDIS_URL, amqp_problem, redis_problem, require
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from celery_durable.planning.queue_age import SENT_AT_HEADER, oldest_age
+from celery_durable.headers import SENT_AT_HEADER
+from celery_durable.planning.queue_age import oldest_age
 
 
 def test_the_oldest_stamp_of_the_heads_gives_the_age():

@@ -7,7 +7,7 @@ from time import time
 from celery import Celery
 
 import celery_durable
-from celery_durable.planning.queue_age import SENT_AT_HEADER
+from celery_durable.headers import SENT_AT_HEADER
 
 
 def test_send_task_and_apply_async_stamp_the_send_time_and_a_resend_stamps_anew():

@@ -47,7 +47,7 @@ def test_an_outage_is_one_warning_each_way_and_every_failing_call_a_debug_line(u
     for event in ("durable.lease.renew_failed", "durable.limit.dispatch_failed", "durable.relay.listen_failed"):
         outage.failed(url, refused(), event, level=logging.WARNING)
     outage.failed(url, unavailable(refused()), "durable.run.store_failed")
-    assert outage.is_down(url)
+    assert url in outage._down
     outage.available(url)
     outage.available(url)
     warnings = records(caplog, logging.WARNING)
@@ -58,7 +58,7 @@ def test_an_outage_is_one_warning_each_way_and_every_failing_call_a_debug_line(u
     assert [r.event for r in debug] == ["durable.lease.renew_failed", "durable.limit.dispatch_failed",
                                         "durable.relay.listen_failed", "durable.run.store_failed"]
     assert all(r.exc_info for r in debug), "each failing call keeps its traceback, at debug"
-    assert not outage.is_down(url)
+    assert url not in outage._down
 
 
 def test_a_failure_that_is_not_an_outage_is_logged_loudly_every_time(url, caplog):
@@ -69,7 +69,7 @@ def test_a_failure_that_is_not_an_outage_is_logged_loudly_every_time(url, caplog
     assert [(r.levelno, r.event) for r in caplog.records] == [
         (logging.WARNING, "durable.limit.dispatch_failed"), (logging.ERROR, "durable.lease.renew_failed")]
     assert all(r.exc_info for r in caplog.records)
-    assert not outage.is_down(url)
+    assert url not in outage._down
 
 
 def test_a_connection_found_dead_is_no_outage_until_a_fresh_one_fails_too(url, caplog):

@@ -77,7 +77,7 @@ def publish(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> Bat
             try:
                 item = pending[start].captured
                 channel.basic_publish(item.message, **item.publish_kwargs)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - the outcome carries the error: the relay retries the rest
                 return BatchPublished(sent, exc, batched, one_by_one)
             sender.announce([item])
             sent, one_by_one, start = sent + 1, one_by_one + 1, start + 1
@@ -87,7 +87,7 @@ def publish(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> Bat
             end += 1
         try:
             execute(channel, [c for item in pending[start:end] for c in item.commands or ()])
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the outcome carries the error: the relay retries the rest
             return BatchPublished(sent, exc, batched, one_by_one)
         sender.announce([item.captured for item in pending[start:end]])
         sent, batched, start = sent + end - start, batched + end - start, end

@@ -58,4 +58,5 @@ class SentEventEmitter:
                                         retry_policy={"max_retries": 1, "interval_start": 0})
             except Exception as exc:  # noqa: BLE001 - a monitoring event must not republish a sent task
                 logger.warning("durable.outbox.sent_event_failed task_id=%s error=%s", fields.get("uuid"), exc,
-                               extra={"task_id": fields.get("uuid"), "error": repr(exc)})
+                               extra={"event": "durable.outbox.sent_event_failed", "task_id": fields.get("uuid"),
+                                      "error": repr(exc)})

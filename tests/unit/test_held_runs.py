@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from celery_durable.errors import InvariantBroken
-from celery_durable.worker.process_cap import HeldRun, HeldRuns
+from celery_durable.worker.held_runs import HeldRun, HeldRuns
 
 
 class Message:

@@ -1,0 +1,48 @@
+"""Celery's signals are connected in one place: worker/signals.py, and each install receiver only once."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from celery import Celery, signals
+
+import celery_durable
+from celery_durable.tasks.revocation import on_task_revoked
+from celery_durable.tasks.sent_stamp import stamp
+
+PACKAGE = Path(__file__).resolve().parents[2] / "celery_durable"
+
+
+def _uses_celery_signals(tree: ast.AST) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "celery" and any(
+                a.name == "signals" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module == "celery.signals":
+            return True
+        if isinstance(node, ast.Import) and any(a.name == "celery.signals" for a in node.names):
+            return True
+    return False
+
+
+def test_only_worker_signals_touches_celerys_signals():
+    users = sorted(path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+                   if _uses_celery_signals(ast.parse(path.read_text())))
+    assert users == ["worker/signals.py"]
+
+
+def test_installing_twice_connects_each_receiver_once():
+    celery_durable.install(Celery("signals-a"))
+    celery_durable.install(Celery("signals-b"))
+    # A receiver connected with a dispatch uid is keyed by it: once per process, however many apps.
+    assert [key[0] for key, _ in signals.task_revoked.receivers].count("celery_durable.task_revoked") == 1
+    assert [key[0] for key, _ in signals.before_task_publish.receivers].count("celery_durable.sent_stamp") == 1
+
+
+def test_the_install_receivers_are_the_revoke_cancel_and_the_sent_stamp():
+    celery_durable.install(Celery("signals-c"))
+    revoked = {key[0]: ref for key, ref in signals.task_revoked.receivers}
+    published = {key[0]: ref for key, ref in signals.before_task_publish.receivers}
+    assert revoked["celery_durable.task_revoked"] is on_task_revoked
+    assert published["celery_durable.sent_stamp"] is stamp
