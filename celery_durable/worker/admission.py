@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_durable.compat.request import eta_ahead, waits_for_eta
+from celery_durable.limits.gate import Admission, LimitGate
 from celery_durable.planning.limits import BACK, RunRoom
 from celery_durable.worker.fetchers import give_back_in_place
-from celery_durable.worker.limit_gate import Admission, LimitGate
 from celery_durable.worker.parking import Parker, undecodable
 from celery_durable.worker.process_cap import HeldRun, HeldRuns
 

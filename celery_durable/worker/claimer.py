@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery_durable.errors import InvariantBroken
+from celery_durable.limits.gate import LimitGate
 from celery_durable.planning.claim_sweep import (
     Sweep,
     begin_sweep,
@@ -28,7 +29,6 @@ from celery_durable.worker.fetchers import (
     gives_back_in_place,
 )
 from celery_durable.worker.idle_wait import IdleWait, idle_wait_for
-from celery_durable.worker.limit_gate import LimitGate
 from celery_durable.worker.parking import parker_for
 from celery_durable.worker.process_cap import HeldRuns
 

@@ -11,13 +11,12 @@ from celery.worker.consumer import Consumer
 from celery_durable.compat.consumer import ConsumerHooks, claiming_loop
 from celery_durable.compat.worker_state import shutdown_requested
 from celery_durable.config import DurableConfig
+from celery_durable.limits.fleet import FleetLimits
 from celery_durable.metrics import queues as queue_metrics
 from celery_durable.metrics import worker_gauges
-from celery_durable.planning.limit_declarations import TaskLimits
 from celery_durable.store.engine import resolve_url
 from celery_durable.worker.boot import config_for, limits_for
 from celery_durable.worker.claimer import Claimer
-from celery_durable.worker.limit_gate import LimitDispatcher, LimitGate
 from celery_durable.worker.loop_kicks import LoopKicks
 from celery_durable.worker.runtime import WorkerRuntime
 
@@ -59,7 +58,7 @@ class DurableConsumer(ConsumerHooks):
             pool_limit=self.pool.limit,
             republish_connection=self.app.connection_for_write,
             stop_requested=shutdown_requested,
-            gate=_limit_gate(self.app, config, limits_for(self.controller)),
+            limits=FleetLimits.for_worker(self.app, config, limits_for(self.controller)),
         )
         # Kept as attributes: the e2e harness and remote control read them.
         self.held = self.runtime.held
@@ -89,9 +88,6 @@ class DurableConsumer(ConsumerHooks):
         return self._kicks
 
     def new_claimer(self, connection: Any, hub: Any) -> Claimer:
-        gate = self.runtime.gate
-        if gate is not None and gate.dispatcher is not None:
-            gate.dispatcher.start()
         claimer = self.runtime.new_claimer(
             connection,
             queues=lambda: list(self.app.amqp.queues.consume_from.values()),
@@ -190,11 +186,3 @@ class DurableConsumer(ConsumerHooks):
     def durable_stats(self) -> dict[str, Any]:
         return self.runtime.stats()
 
-
-def _limit_gate(app: Any, config: DurableConfig, limits: dict[str, TaskLimits]) -> LimitGate | None:
-    """The worker's fleet-limit gate and its dispatcher; None when no task it knows declares a limit."""
-    if not limits:
-        return None
-    gate = LimitGate(app, limits, url=resolve_url(config.database_url), lease_ttl=config.lease_ttl)
-    gate.dispatcher = LimitDispatcher(gate, poll_interval=config.relay_poll_interval)
-    return gate

@@ -20,12 +20,13 @@ from time import monotonic
 from typing import Any
 
 from celery_durable.config import DurableConfig
+from celery_durable.limits.fleet import FleetLimits
+from celery_durable.limits.gate import LimitGate
 from celery_durable.planning.claim_sweep import capacity
 from celery_durable.worker.claim_stats import ClaimStats
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.drain import Drain
 from celery_durable.worker.fetchers import Fetcher, fetcher_for
-from celery_durable.worker.limit_gate import LimitGate
 from celery_durable.worker.process_cap import HeldRun, HeldRuns
 from celery_durable.worker.redis_restore import RedisRestorer
 
@@ -48,11 +49,13 @@ class WorkerRuntime:
         clock: Callable[[], float] = monotonic,
         stop_requested: Callable[[], bool] = lambda: False,
         new_fetcher: Callable[..., Fetcher] = fetcher_for,
-        gate: LimitGate | None = None,
+        limits: FleetLimits | None = None,
     ) -> None:
         self.config = config
-        #: Fleet limits (worker/limit_gate.py); None when no task this worker knows declares one.
-        self.gate = gate
+        #: Fleet limits (limits/), started before the first claim and stopped by :meth:`close_limits`;
+        #: None when no task this worker knows declares one. The claimer and the count use the gate.
+        self.limits = limits
+        self.gate: LimitGate | None = limits.gate if limits is not None else None
         unconsumed = config.unconsumed_queues(queues)
         if unconsumed:
             # Logged here, not at worker_init: Celery sets its logging up after that signal.
@@ -105,6 +108,8 @@ class WorkerRuntime:
         """
         if self.claimer is not None:
             self.claimer.close()
+        if self.limits is not None:
+            self.limits.start()
         restorer = RedisRestorer.for_connection(connection, self.config.restore_interval, self.holder,
                                                 self.config.lease_ttl)
         self._restorer = restorer
@@ -317,10 +322,8 @@ class WorkerRuntime:
 
     def close_limits(self) -> None:
         """The worker is leaving: stop publishing parked messages, give back every lease still held."""
-        if self.gate is not None:
-            if self.gate.dispatcher is not None:
-                self.gate.dispatcher.stop()
-            self.gate.close()
+        if self.limits is not None:
+            self.limits.stop()
 
     def stats(self) -> dict[str, Any]:
         """The ``durable`` section of ``celery inspect stats``."""
