@@ -10,15 +10,14 @@ from celery.worker.consumer import Consumer
 
 from celery_durable.compat.consumer import ConsumerHooks, claiming_loop
 from celery_durable.compat.worker_state import shutdown_requested
-from celery_durable.config import DurableConfig
 from celery_durable.limits.fleet import FleetLimits
 from celery_durable.metrics import queues as queue_metrics
 from celery_durable.metrics import worker_gauges
 from celery_durable.store.engine import resolve_url
-from celery_durable.worker.boot import config_for, limits_for
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.loop_kicks import LoopKicks
 from celery_durable.worker.runtime import WorkerRuntime
+from celery_durable.worker.wiring import wiring_for
 
 
 class DurableStats(bootsteps.StartStopStep):
@@ -50,7 +49,8 @@ class DurableConsumer(ConsumerHooks):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        config: DurableConfig = config_for(self.controller)
+        wiring = wiring_for(self.controller)
+        config = wiring.durable_config
         self.durable_config = config
         self.runtime = WorkerRuntime(
             config,
@@ -58,7 +58,7 @@ class DurableConsumer(ConsumerHooks):
             pool_limit=self.pool.limit,
             republish_connection=self.app.connection_for_write,
             stop_requested=shutdown_requested,
-            limits=FleetLimits.for_worker(self.app, config, limits_for(self.controller)),
+            limits=FleetLimits.for_worker(self.app, config, wiring.limits),
         )
         # Kept as attributes: the e2e harness and remote control read them.
         self.held = self.runtime.held

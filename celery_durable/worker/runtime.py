@@ -22,7 +22,7 @@ from typing import Any
 from celery_durable.config import DurableConfig
 from celery_durable.limits.fleet import FleetLimits
 from celery_durable.limits.gate import LimitGate
-from celery_durable.planning.claim_sweep import capacity
+from celery_durable.planning.capacity import capacity
 from celery_durable.worker.claim_stats import ClaimStats
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.drain import Drain

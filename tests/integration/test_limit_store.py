@@ -144,7 +144,7 @@ def test_a_copy_meeting_a_full_scope_while_its_ready_row_is_on_its_way_keeps_tha
     assert _take(store_url, [LimitAsk("t", "new", (scope,), None, WAIT)])[0].verdict == WAIT
     with engine_for(store_url).begin() as conn:
         conn.execute(schema.limit_leases.insert().values(task_name="t", kind="task", key="", task_id="x", holder="h2",
-                                                  expires_at=now() + timedelta(seconds=30)))
+                                                         expires_at=now() + timedelta(seconds=30)))
     assert _take(store_url, [LimitAsk("t", "r1", (scope,), None, WAIT)])[0].verdict == WAIT
     with engine_for(store_url).connect() as conn:
         rows = conn.execute(sa.select(schema.limit_waiting.c.task_id, schema.limit_waiting.c.publish_at)
