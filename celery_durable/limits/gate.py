@@ -26,9 +26,9 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from time import monotonic
 from typing import Any
 
+from celery_durable.clock import SYSTEM_CLOCK, Clock
 from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.limits.declarations import Declarations
 from celery_durable.limits.messages import ack, ack_all, arguments, parked
@@ -37,7 +37,7 @@ from celery_durable.metrics import limits as limit_metrics
 from celery_durable.planning.limit_declarations import KeyFunctionFailed, Scope, TaskLimits
 from celery_durable.planning.limits import BACK, DROP, FAIL, RUN, WAIT, Decision, LimitAsk, RunRoom
 from celery_durable.store import limits as store
-from celery_durable.store.clock import engine_now, store_now
+from celery_durable.store.clock import StoreClock
 from celery_durable.store.engine import autocommit, engine_for, ensure_schema, unavailable_as_error
 from celery_durable.tasks import store_outage as outage
 
@@ -83,16 +83,16 @@ class LimitGate:
     """Takes and gives back the fleet-limit leases of one worker's runs."""
 
     def __init__(self, app: Any, limits: Mapping[str, TaskLimits], *, url: str, lease_ttl: float,
-                 wake: Callable[[], None] = lambda: None, clock: Callable[[], datetime] | None = None) -> None:
+                 wake: Callable[[], None] = lambda: None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.app = app
         self.limits = dict(limits)
         self.url = url
         self.lease_ttl = lease_ttl
         #: This worker process: every lease it takes names it, so one statement renews them all.
         self.holder = new_token()
-        #: Leases and rate turns are written and compared in the store's clock (store/clock.py) unless a
-        #: test gives a clock of its own.
         self._clock = clock
+        #: Leases and rate turns are written and compared in the store's time (store/clock.py).
+        self._store_clock = StoreClock(engine_for(url), clock)
         self._grants: dict[str, Grant] = {}
         self._lock = threading.Lock()
         #: Tells the dispatcher that parked messages are due (made ready, or booked a rate turn).
@@ -216,7 +216,7 @@ class LimitGate:
                 or len({ask.task_id for ask in asks}) != len(asks)
                 or (room is not None and not room.fits([ask.queue for ask in asks]))):
             return False
-        now = monotonic()
+        now = self._clock.monotonic()
         if any(self._busy_until.get(scope, 0.0) > now for ask in asks for scope in ask.scopes):
             return False  # the general path gives the ended runs' leases back first (give_back_ended)
         if not self._exchange(asks):
@@ -243,7 +243,7 @@ class LimitGate:
         return taken
 
     def _remember_busy(self, scopes: list[Scope]) -> None:
-        now = monotonic()
+        now = self._clock.monotonic()
         if len(self._busy_until) > 1000:
             self._busy_until = {scope: until for scope, until in self._busy_until.items() if until > now}
         for scope in scopes:
@@ -347,11 +347,11 @@ class LimitGate:
 
     def now(self) -> datetime:
         """Now in the store's clock, outside a transaction (a connection only to read it again)."""
-        return self._clock() if self._clock is not None else engine_now(engine_for(self.url))
+        return self._store_clock.now()
 
     def now_in(self, conn: Any) -> datetime:
         """Now in the store's clock, read on ``conn`` when it is due for reading (no second connection)."""
-        return self._clock() if self._clock is not None else store_now(conn)
+        return self._store_clock.now_in(conn)
 
     def close(self) -> None:
         """The worker is leaving: what it still holds goes back, so waiters need not wait out a TTL."""

@@ -78,14 +78,6 @@ class Run:
         return self.lease_holder is not None and expires is not None and expires > at
 
 
-def now() -> datetime:
-    """This host's wall clock: for what no other process compares (retention cutoffs, reports).
-
-    Leases are written and compared in the store's clock instead (:func:`store_now`).
-    """
-    return datetime.now(timezone.utc)
-
-
 def render_error(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 15] + "... [truncated]"

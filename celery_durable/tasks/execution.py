@@ -22,6 +22,7 @@ from typing import Any
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_durable import faults
+from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.config import lease_ttl
 from celery_durable.errors import NotDurable, RunExhausted, RunIdInvalid, StoreUnavailable
 from celery_durable.leases.keeper import keeper, new_token
@@ -286,7 +287,7 @@ def _refuse_id(task: Any, err: RunIdInvalid) -> Any:
     logger.error("durable.run.id_invalid task=%s queue=%s: %s", task.name, queue, err,
                  extra={"event": "durable.run.id_invalid", "task": task.name, "queue": queue})
     metrics.count(queue, "dead_lettered")
-    at = runs.now()
+    at = SYSTEM_CLOCK.now()
     call_hook(task, Run(id=str(request.id), task_name=task.name, queue=queue, state=DEAD, attempts=0,
                         args="[]", kwargs="{}", result=None, last_error=f"RunIdInvalid: {err}",
                         started_at=at, updated_at=at, finished_at=at))

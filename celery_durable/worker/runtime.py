@@ -16,9 +16,9 @@ import socket
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from time import monotonic
 from typing import Any
 
+from celery_durable.clock import SYSTEM_CLOCK, Clock
 from celery_durable.config import DurableConfig
 from celery_durable.limits.fleet import FleetLimits
 from celery_durable.limits.gate import LimitGate
@@ -46,7 +46,7 @@ class WorkerRuntime:
         queues: Sequence[str],
         pool_limit: int,
         republish_connection: Callable[[], Any],
-        clock: Callable[[], float] = monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         stop_requested: Callable[[], bool] = lambda: False,
         new_fetcher: Callable[..., Fetcher] = fetcher_for,
         limits: FleetLimits | None = None,
@@ -155,7 +155,7 @@ class WorkerRuntime:
         """Without a hub: run the kicks queued from other threads, then the timers that are due."""
         while self._scheduled:
             self._scheduled.pop(0)()
-        now = self._clock()
+        now = self._clock.monotonic()
         for index, (interval, fn) in enumerate(self.timers):
             if now >= self._timer_due[index]:
                 self._timer_due[index] = now + interval

@@ -11,14 +11,16 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.planning.limit_declarations import Rate, Scope
 from celery_durable.planning.limits import RUN, WAIT, Decision, LimitAsk
 from celery_durable.store import limit_declarations, limit_waiting, schema
 from celery_durable.store import limits as store
 from celery_durable.store.engine import autocommit, engine_for, ensure_schema
-from celery_durable.store.runs import now
 from tests.stores import fresh_store
 from tests.threads import run_together
+
+now = SYSTEM_CLOCK.now
 
 
 def _message(task_id: str) -> limit_waiting.WaitingMessage:
