@@ -45,9 +45,9 @@ from celery_durable.metrics import registry
 from celery_durable.outbox.relay import Relay
 from celery_durable.planning.beat_ticks import Fire, TickPlan, plan_ticks
 from celery_durable.store import beat as store
+from celery_durable.store import outage
 from celery_durable.store.clock import store_now
 from celery_durable.store.engine import ensure_schema, store_url, unavailable_as_error
-from celery_durable.tasks import store_outage as outage
 
 logger = logging.getLogger("celery_durable.beat")
 

@@ -10,11 +10,10 @@ from kombu.utils import json as kombu_json
 
 from celery_durable.limits.gate import LimitGate
 from celery_durable.planning.queue_age import SENT_AT_HEADER
-from celery_durable.store import limit_waiting
+from celery_durable.store import limit_waiting, outage
 from celery_durable.store import limits as store
 from celery_durable.store.engine import engine_for
 from celery_durable.store.notify import Waker
-from celery_durable.tasks import store_outage as outage
 
 
 def limits_waker(url: str) -> Waker:

@@ -37,9 +37,9 @@ from celery_durable.metrics import limits as limit_metrics
 from celery_durable.planning.limit_declarations import KeyFunctionFailed, Scope, TaskLimits
 from celery_durable.planning.limits import BACK, DROP, FAIL, RUN, WAIT, Decision, LimitAsk, RunRoom
 from celery_durable.store import limits as store
+from celery_durable.store import outage
 from celery_durable.store.clock import StoreClock
 from celery_durable.store.engine import autocommit, engine_for, ensure_schema, unavailable_as_error
-from celery_durable.tasks import store_outage as outage
 
 logger = logging.getLogger("celery_durable.limits")
 

@@ -26,6 +26,7 @@ from celery_durable.planning.outbox import (
     probe_after,
     settle_batch,
 )
+from celery_durable.store import outage
 from celery_durable.store import outbox as store
 from celery_durable.store.engine import (
     ensure_schema,
@@ -37,7 +38,6 @@ from celery_durable.store.engine import (
 from celery_durable.store.notify import Waker
 from celery_durable.store.runs import render_error
 from celery_durable.store.urls import shown_url
-from celery_durable.tasks import store_outage as outage
 from celery_durable.tasks.retention import purge_runs
 
 logger = logging.getLogger(__name__)

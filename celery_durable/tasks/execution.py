@@ -30,12 +30,11 @@ from celery_durable.metrics import jobs as metrics
 from celery_durable.planning import run_admission
 from celery_durable.planning.checkpoints import Ledger, check_run_id, encode, from_json
 from celery_durable.planning.run_admission import BURY, DUPLICATE, RUN, RowView
-from celery_durable.store import runs, steps
+from celery_durable.store import outage, runs, steps
 from celery_durable.store.clock import store_now
 from celery_durable.store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
 from celery_durable.store.runs import Run
 from celery_durable.store.schema import DEAD, FAILED, SETTLED, SLEEPING, SUCCEEDED
-from celery_durable.tasks import store_outage as outage
 from celery_durable.tasks.context import RunContext, _current
 from celery_durable.tasks.headers import RESUME_HEADER, STORE_WAITS_HEADER
 

@@ -9,11 +9,11 @@ from typing import Any
 
 from celery import signals
 
+from celery_durable import shared_dir
 from celery_durable.compat.host_check import check_host
 from celery_durable.compat.pool_alias import register_pool_alias
 from celery_durable.config import DurableConfig, from_celery_conf
 from celery_durable.errors import ConfigInvalid, HostIncompatible
-from celery_durable.metrics import count_files
 from celery_durable.planning import limit_declarations as declarations
 from celery_durable.planning.capacity import cap_above_pool, unsized_pool
 from celery_durable.planning.limit_declarations import LimitInvalid, TaskLimits
@@ -152,13 +152,13 @@ def _check_store_for_limits(limits: dict[str, TaskLimits], config: DurableConfig
 def _share_counts(worker: Any) -> None:
     # worker_init comes before the pool forks: every child inherits the
     # directory's name, so the parent's metrics endpoint sums their run counts.
-    directory = count_files.share()
+    directory = shared_dir.share()
     owner = os.getpid()
 
     def remove(sender: Any = None, **_: Any) -> None:
         # A forked child inherits atexit handlers: only the worker removes it.
         if os.getpid() == owner and sender in (None, worker):
-            count_files.unshare(directory)
+            shared_dir.unshare(directory)
 
     # Sent after a warm shutdown has joined the pool: no child counts after it.
     signals.worker_shutdown.connect(remove, weak=False)

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "celery_durable"
 
 #: Bottom first. A module may import from its own layer's other parts and from any layer below.
 LAYERS: list[set[str]] = [
-    {"errors", "faults", "clock", "planning", "compat"},  # pure rules, the one clock, the one door to the host
+    {"errors", "faults", "clock", "shared_dir", "planning", "compat"},  # pure rules, the clock, the host's door
     {"store"},                                    # SQLAlchemy Core over the durable store
     {"config"},                                   # validated settings (reads store.schema's backends)
     {"metrics"},                                  # the registry and every metric
@@ -20,7 +20,8 @@ LAYERS: list[set[str]] = [
     {"cli", "__init__", "testing"},               # the public surface (testing: the pytest plugin)
 ]
 #: Pure layers import nothing of celery_durable but errors.
-PURE = {"planning": {"errors"}, "compat": {"errors"}, "errors": set(), "faults": set(), "clock": set()}
+PURE = {"planning": {"errors"}, "compat": {"errors"}, "errors": set(), "faults": set(), "clock": set(),
+        "shared_dir": set()}
 
 
 def _part(module: str) -> str:
