@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -109,11 +109,8 @@ def forget(conn: Connection, ids: Iterable[int]) -> None:
 
 
 def next_publish_at(conn: Connection) -> datetime | None:
-    value = conn.execute(sa.select(sa.func.min(waiting.c.publish_at))).scalar()
-    # SQLite hands back naive datetimes for what was stored as UTC.
-    if isinstance(value, datetime) and value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value if isinstance(value, datetime) else None
+    value: datetime | None = conn.execute(sa.select(sa.func.min(waiting.c.publish_at))).scalar()
+    return value
 
 
 def waiting_counts(conn: Connection) -> list[tuple[str, str, str, int]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -75,7 +75,7 @@ def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[Wa
         rate_booked = {(t, tid) for t, tid in conn.execute(
             sa.select(leases.c.task_name, leases.c.task_id).where(
                 leases.c.task_name.in_(rated), leases.c.kind == RATE_KIND, leases.c.task_id.in_(task_ids)))}
-        tats = {task: _aware(tat) for task, tat in conn.execute(
+        tats = {task: tat for task, tat in conn.execute(
             sa.select(rate_limits.c.task_name, rate_limits.c.tat).where(rate_limits.c.task_name.in_(rated)))}
     plan = plan_batch(list(asks), states, parked_ids, rate_booked, tats, now, room)
 
@@ -231,7 +231,7 @@ def _read_scope(conn: Connection, scope: Scope, now: datetime) -> ScopeState:
     """
     rows = conn.execute(sa.select(leases.c.task_id, leases.c.holder, leases.c.expires_at)
                         .where(*_in_scope(scope))).all()
-    live = [(tid, holder) for tid, holder, expires in rows if (_aware(expires) or now) >= now]
+    live = [(tid, holder) for tid, holder, expires in rows if expires >= now]
     if len(live) < len(rows):
         conn.execute(leases.delete().where(*_in_scope(scope), leases.c.expires_at < now))
     lowest = declarations.lowest_declared(conn, scope, now)
@@ -277,7 +277,7 @@ def _scope_order(scope: Scope) -> tuple[str, str, str]:
 
 
 def _give_back_turn(conn: Connection, task: str, rate: Rate) -> None:
-    tat = _aware(conn.execute(sa.select(rate_limits.c.tat).where(rate_limits.c.task_name == task)).scalar())
+    tat = conn.execute(sa.select(rate_limits.c.tat).where(rate_limits.c.task_name == task)).scalar()
     if tat is not None:
         _set_tat(conn, task, return_rate_turn(tat, rate.interval))
 
@@ -308,10 +308,3 @@ def _lock(conn: Connection, names: list[str]) -> None:
 def _notify(conn: Connection) -> None:
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
-
-
-def _aware(value: Any) -> datetime | None:
-    # SQLite hands back naive datetimes for what was stored as UTC.
-    if isinstance(value, datetime) and value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value if isinstance(value, datetime) else None

@@ -105,18 +105,18 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
         outage.available(url)
 
         verdict = run_admission.admit(
-            RowView(run.state, run.lease_holder, run.lease_expiry, run.lost_attempts), started=started,
+            RowView(run.state, run.lease_holder, run.lease_expires_at, run.lost_attempts), started=started,
             settled_states=SETTLED, sleeping_state=SLEEPING, retries=int(request.retries or 0),
             max_retries=_max_retries(task), at=store_now(conn),
         )
         wait = None if request.is_eager else run_admission.wait_in_place(
-            verdict, run.lease_expiry, seen_expires, look, ttl)
+            verdict, run.lease_expires_at, seen_expires, look, ttl)
         if wait is None:
             break
         # A lease that may be a dead holder's: watched here, since a re-sent copy would queue behind
         # every message sent since.
         conn.close()
-        seen_expires = run.lease_expiry
+        seen_expires = run.lease_expires_at
         time.sleep(wait)
     if verdict.kind != RUN:
         try:
