@@ -55,10 +55,6 @@ class LimitDispatcher:
         self._thread = threading.Thread(target=self._run, name="durable-limit-dispatcher", daemon=True)
         self._thread.start()
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping.is_set()
-
     def stop(self) -> None:
         self._stopping.set()
         self._waker.wake()
