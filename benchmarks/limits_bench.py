@@ -35,14 +35,17 @@ import sqlalchemy as sa
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from celery_durable.clock import SYSTEM_CLOCK  # noqa: E402
 from celery_durable.planning.limit_declarations import Scope  # noqa: E402
 from celery_durable.planning.limits import WAIT, LimitAsk  # noqa: E402
+from celery_durable.store import limit_waiting  # noqa: E402
 from celery_durable.store import limits as limit_store  # noqa: E402
 from celery_durable.store.engine import autocommit, dispose_all, engine_for, ensure_schema  # noqa: E402
-from celery_durable.store.runs import now  # noqa: E402
 from tests.e2e.harness import Scenario, wait_for  # noqa: E402
 from tests.services import broker_url  # noqa: E402
 from tests.stores import fresh_store  # noqa: E402
+
+now = SYSTEM_CLOCK.now
 
 APP = "tests.e2e.limitsapp"
 
@@ -91,7 +94,7 @@ def statements_per_run(url: str) -> tuple[int, int]:
                              [LimitAsk("bench", "r2", (scope,), None, WAIT)], holder="h", ttl=30.0, now=now())
     fast = len(counted)
     counted.clear()
-    message = limit_store.WaitingMessage("r3", "q", "", "q", b"[]", "{}", "{}", "application/json", "utf-8")
+    message = limit_waiting.WaitingMessage("r3", "q", "", "q", b"[]", "{}", "{}", "application/json", "utf-8")
     with engine.begin() as conn:
         limit_store.take_batch(conn, [LimitAsk("bench", "r3", (scope,), None, WAIT)], [message], holder="h",
                                ttl=30.0, now=now())

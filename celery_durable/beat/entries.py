@@ -9,9 +9,9 @@ from typing import Any
 
 from celery.schedules import crontab, schedule, solar
 
+from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.errors import BeatEntryInvalid
 from celery_durable.planning.beat_ticks import CATCH_UP_CHOICES, DEFAULT_CATCH_UP, ScheduleUnusable, next_occurrence
-from celery_durable.store.runs import now
 
 #: The entry option naming its catch-up policy (``"options": {"durable_catch_up": "run_once"}``).
 CATCH_UP_OPTION = "durable_catch_up"
@@ -99,7 +99,7 @@ def _schedule(app: Any, name: str, value: Any) -> Any:
         raise _bad(name, f"schedule must be seconds, a timedelta, a crontab (or a crontab line) or a solar "
                          f"schedule, got {value!r}")
     try:
-        next_occurrence(value, now())
+        next_occurrence(value, SYSTEM_CLOCK.now())
     except (ScheduleUnusable, ValueError, TypeError, AttributeError) as err:
         raise _bad(name, f"schedule {value!r} cannot say when it is next due: {err}") from err
     return value

@@ -25,7 +25,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +36,7 @@ from sqlalchemy.engine import Connection
 
 from celery_durable import outbox
 from celery_durable.beat.entries import BeatEntry, fixed_interval, read_entries
+from celery_durable.clock import SYSTEM_CLOCK, Clock
 from celery_durable.config import from_celery_conf
 from celery_durable.errors import DurableError, SchemaOutdated
 from celery_durable.leases.keeper import new_token
@@ -45,10 +45,9 @@ from celery_durable.metrics import registry
 from celery_durable.outbox.relay import Relay
 from celery_durable.planning.beat_ticks import Fire, TickPlan, plan_ticks
 from celery_durable.store import beat as store
+from celery_durable.store import outage
 from celery_durable.store.clock import store_now
 from celery_durable.store.engine import ensure_schema, store_url, unavailable_as_error
-from celery_durable.store.runs import now as utc_now
-from celery_durable.tasks import store_outage as outage
 
 logger = logging.getLogger("celery_durable.beat")
 
@@ -72,7 +71,7 @@ def fire_task_id(beat: str, entry: str, tick: datetime) -> str:
 class Scheduler(CeleryScheduler):  # type: ignore[misc]
     """A beat scheduler whose replicas elect one leader through the durable store."""
 
-    def __init__(self, app: Any, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
+    def __init__(self, app: Any, *args: Any, lazy: bool = False, clock: Clock = SYSTEM_CLOCK, **kwargs: Any) -> None:
         kwargs.pop("schedule_filename", None)  # no local state
         try:
             self.config = from_celery_conf(app.conf)
@@ -85,6 +84,8 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         #: lease free at most ``STANDBY_POLL`` after it expires, one TTL after the last renewal.
         self.grace = self.ttl + 2 * STANDBY_POLL
         self.holder = new_token()
+        #: Ticks are planned in wall time, the lease renewed by monotonic time, both read here.
+        self._clock = clock
         self.term: int | None = None
         #: Monotonic time until which this replica's lease is surely live (renewed before, less a margin).
         self._leads_until = 0.0
@@ -186,12 +187,12 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             except Exception as err:  # noqa: BLE001 - reported; the entry is tried again next round
                 outage.failed(self.url, err, "durable.beat.entry_failed", level=logging.WARNING,
                               then="tried again next round", entry=entry.name)
-                next_due = utc_now() + timedelta(seconds=STANDBY_POLL)
+                next_due = self._clock.now() + timedelta(seconds=STANDBY_POLL)
             if next_due is not None:
                 due.append(next_due)
         self._publish()
         renew_in = self.ttl / 3.0
-        until_due = min(((d - utc_now()).total_seconds() for d in due), default=renew_in)
+        until_due = min(((d - self._clock.now()).total_seconds() for d in due), default=renew_in)
         return max(0.0, min(until_due, renew_in, float(self.max_interval)))
 
     @contextmanager
@@ -211,24 +212,24 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             states = store.entry_states(conn, self.beat)
             new = [name for name in self.entries if name not in states]
             for name in new:
-                store.add_entry(conn, self.beat, name, utc_now())
+                store.add_entry(conn, self.beat, name, self._clock.now())
             if new:
                 states = store.entry_states(conn, self.beat)
         return states
 
     def _maybe_prune(self) -> None:
         """Forget sent ticks older than FIRES_KEPT, once an hour (the watermarks keep their place)."""
-        if time.monotonic() < self._next_prune:
+        if self._clock.monotonic() < self._next_prune:
             return
-        self._next_prune = time.monotonic() + 3600.0
+        self._next_prune = self._clock.monotonic() + 3600.0
         with self._transaction() as conn:
-            if store.still_leads(conn, self.beat, self.holder, self.term or 0, store_now(conn)):
-                store.prune_fires(conn, utc_now() - FIRES_KEPT)
+            if store.still_leads(conn, self.beat, self.holder, self.term or 0, store_now(conn, self._clock)):
+                store.prune_fires(conn, self._clock.now() - FIRES_KEPT)
 
     def _run_entry(self, entry: BeatEntry, state: store.EntryState) -> datetime | None:
         if state.paused:
             return None
-        plan = plan_ticks(entry.schedule, state.watermark, utc_now(), catch_up=entry.catch_up, grace=self.grace,
+        plan = plan_ticks(entry.schedule, state.watermark, self._clock.now(), catch_up=entry.catch_up, grace=self.grace,
                           max_catch_up=self.config.beat_max_catch_up, every=fixed_interval(entry.schedule))
         if plan.missed_from is not None:
             missed_from, missed_to = plan.missed_from.isoformat(), (plan.missed_to or plan.missed_from).isoformat()
@@ -259,9 +260,9 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             headers.update(durable_beat_missed_from=fire.covers_from.isoformat(),
                            durable_beat_missed_to=fire.covers_to.isoformat())
         options = {**entry.options, "headers": headers}
-        now = utc_now()
+        now = self._clock.now()
         with self._transaction() as conn:
-            if not store.still_leads(conn, self.beat, self.holder, self.term, store_now(conn)):
+            if not store.still_leads(conn, self.beat, self.holder, self.term, store_now(conn, self._clock)):
                 self._lost("lease_moved", None)
                 return False
             if store.fire(conn, self.beat, entry.name, fire.tick, fire.watermark, task_id, self.term, now):
@@ -282,7 +283,7 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
     def _advance(self, entry: BeatEntry, plan: TickPlan) -> None:
         assert self.term is not None
         with self._transaction() as conn:
-            if store.still_leads(conn, self.beat, self.holder, self.term, store_now(conn)):
+            if store.still_leads(conn, self.beat, self.holder, self.term, store_now(conn, self._clock)):
                 store.advance(conn, self.beat, entry.name, plan.watermark)
 
     def _publish(self) -> None:
@@ -297,10 +298,10 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
 
     # -- the lease -------------------------------------------------------------------------
     def _renew(self) -> None:
-        started = time.monotonic()
+        started = self._clock.monotonic()
         with self._transaction() as conn:
             # The lease is written and compared in the store's clock, as every replica reads it.
-            term = store.lead(conn, self.beat, self.holder, self.ttl, store_now(conn))
+            term = store.lead(conn, self.beat, self.holder, self.ttl, store_now(conn, self._clock))
         outage.available(self.url)
         if term is None:
             if self.term is not None:
@@ -320,14 +321,14 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         enough to use a third of it (a big catch-up) renews it first."""
         if self.term is None:
             return False
-        if time.monotonic() >= self._renew_at:
+        if self._clock.monotonic() >= self._renew_at:
             try:
                 self._renew()
             except Exception as err:  # noqa: BLE001 - cannot vouch for the lease: stop sending
                 outage.failed(self.url, err, "durable.beat.renew_failed", level=logging.WARNING,
                               then="no send until the lease is renewed")
                 self._lost("store_unavailable", err)
-        return self.term is not None and time.monotonic() < self._leads_until
+        return self.term is not None and self._clock.monotonic() < self._leads_until
 
     def _lost(self, why: str, err: BaseException | None) -> None:
         if self.term is not None:

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 
 from celery_durable.cli.group import durable, store_url_of
 from celery_durable.cli.options import count
+from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.errors import DurableError
 from celery_durable.store.schema import CANCELLED, DEAD, SETTLED, STATES, SUCCEEDED
 
@@ -85,7 +86,7 @@ def runs_list(ctx: click.Context, states: tuple[str, ...], task: str | None, sin
 
     seconds = _duration(since, "--since")
     with _store(ctx) as (_, conn):
-        after = store_runs.now() - timedelta(seconds=seconds) if seconds is not None else None
+        after = SYSTEM_CLOCK.now() - timedelta(seconds=seconds) if seconds is not None else None
         found = store_runs.listed(conn, states=states, task=task, since=after, limit=limit)
     rows = [_run_row(run) for run in found]
     if as_json:

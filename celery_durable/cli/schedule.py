@@ -44,10 +44,10 @@ def _entry_named(entries: dict[str, Any], name: str) -> Any:
 @click.pass_context
 def schedule_list(ctx: click.Context, as_json: bool) -> None:
     """Each entry: its task and schedule, paused or not, its last send and when it is next due; the leader."""
+    from celery_durable.clock import SYSTEM_CLOCK
     from celery_durable.planning.beat_ticks import next_occurrence
     from celery_durable.store import beat as beat_store
     from celery_durable.store.engine import autocommit, ensure_schema, unavailable_as_error
-    from celery_durable.store.runs import now
 
     _, url, beat, entries = _beat_of(ctx)
     try:
@@ -56,7 +56,7 @@ def schedule_list(ctx: click.Context, as_json: bool) -> None:
             lead = beat_store.leadership(conn, beat)
     except Exception as err:  # noqa: BLE001 - one line naming the store, no traceback
         raise click.ClickException(str(err).splitlines()[0]) from None
-    at = now()
+    at = SYSTEM_CLOCK.now()
     report = []
     for name, entry in entries.items():
         state = states.get(name)
@@ -98,15 +98,15 @@ def schedule_resume(ctx: click.Context, name: str) -> None:
 
 
 def _set_paused(ctx: click.Context, name: str, paused: bool) -> None:
+    from celery_durable.clock import SYSTEM_CLOCK
     from celery_durable.store import beat as beat_store
     from celery_durable.store.engine import ensure_schema, unavailable_as_error
-    from celery_durable.store.runs import now
 
     _, url, beat, entries = _beat_of(ctx)
     _entry_named(entries, name)
     try:
         with unavailable_as_error(url), ensure_schema(url).begin() as conn:
-            beat_store.set_paused(conn, beat, name, paused, now())
+            beat_store.set_paused(conn, beat, name, paused, SYSTEM_CLOCK.now())
     except Exception as err:  # noqa: BLE001 - one line naming the store, no traceback
         raise click.ClickException(str(err).splitlines()[0]) from None
     click.echo(f"{name}: {'paused' if paused else 'resumed'}")

@@ -91,10 +91,11 @@ def relay(ctx: click.Context, batch_size: int | None, poll_interval: float | Non
 @click.pass_context
 def limits(ctx: click.Context, as_json: bool) -> None:
     """Each fleet limit the app's tasks declare, the leases held now and the messages waiting."""
+    from celery_durable.clock import SYSTEM_CLOCK
     from celery_durable.planning import limit_declarations
+    from celery_durable.store import limit_waiting
     from celery_durable.store import limits as limit_store
     from celery_durable.store.engine import autocommit, engine_for, store_exists, unavailable_as_error
-    from celery_durable.store.runs import now
 
     app = ctx.obj.app
     app.loader.import_default_modules()
@@ -108,9 +109,9 @@ def limits(ctx: click.Context, as_json: bool) -> None:
     if store_exists(url):
         try:
             with unavailable_as_error(url), autocommit(engine_for(url)).connect() as conn:
-                at = now()
+                at = SYSTEM_CLOCK.now()
                 holders = [h for h in limit_store.holders(conn, at) if h["kind"] != limit_store.RATE_KIND]
-                waiting = limit_store.waiting_counts(conn)
+                waiting = limit_waiting.waiting_counts(conn)
         except Exception as err:  # noqa: BLE001 - one line naming the store, no traceback
             raise click.ClickException(str(err).splitlines()[0]) from None
     report: list[dict[str, Any]] = []

@@ -8,10 +8,9 @@ import threading
 import uuid
 from time import monotonic
 
-from celery_durable.store import limits, runs
+from celery_durable.store import limits, outage, runs
 from celery_durable.store.clock import store_now
 from celery_durable.store.engine import autocommit, engine_for, unavailable_as_error
-from celery_durable.tasks import store_outage as outage
 
 logger = logging.getLogger("celery_durable.run")
 

@@ -4,10 +4,11 @@ A prefork child counts its runs in its own memory, which the parent's metrics
 endpoint cannot read. So, while a worker shares a directory (made before the
 pool forks and named to the children in an environment variable they
 inherit), every process writes its whole count table to a file of its own
-after each count; the parent sums the files at scrape time. Files of children
-that died or were replaced stay until the worker stops: a counter never goes
-backwards. prometheus_client's own multiprocess mode is global to the process
-(it would change how the user's own metrics are collected), hence this.
+after each count (``celery_durable/shared_dir.py``); the parent sums the files
+at scrape time. Files of children that died or were replaced stay until the
+worker stops: a counter never goes backwards. prometheus_client's own
+multiprocess mode is global to the process (it would change how the user's own
+metrics are collected), hence this.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import json
 import logging
 import mmap
 import os
-import shutil
 import struct
-import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -26,59 +25,10 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-#: Names the shared directory to the processes of one worker (children inherit it at fork).
-ENV_VAR = "CELERY_DURABLE_COUNTS_DIR"
-
 _PREFIX = "counts-"
 _SUFFIX = ".json"
 
 Counts = dict[tuple[str, str], float]
-
-
-def shared_dir() -> Path | None:
-    """The directory this process's worker shares counts in, or None (counts stay in memory)."""
-    value = os.environ.get(ENV_VAR)
-    return Path(value) if value else None
-
-
-#: A shared directory's name starts with this and the pid of the worker that made it.
-_DIR_PREFIX = "celery-durable-counts-"
-
-
-def share() -> Path:
-    """Make a fresh directory and name it to every process forked from now on; returns it."""
-    _remove_orphans()
-    directory = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-"))
-    # An inherited value (a worker started by another worker's task) is replaced:
-    # each worker sums only its own processes.
-    os.environ[ENV_VAR] = str(directory)
-    return directory
-
-
-def unshare(directory: Path) -> None:
-    """Remove the directory at worker shutdown (its counts die with the worker, as in-memory ones do)."""
-    if os.environ.get(ENV_VAR) == str(directory):
-        del os.environ[ENV_VAR]
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-def _remove_orphans() -> None:
-    # A worker killed with SIGKILL (or the OOM killer) never removes its
-    # directory: the next worker on the host does, once that pid is gone.
-    for path in Path(tempfile.gettempdir()).glob(f"{_DIR_PREFIX}*"):
-        owner = path.name[len(_DIR_PREFIX):].split("-", 1)[0]
-        if owner.isdigit() and not _alive(int(owner)):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def file_name() -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily
 
+from celery_durable import shared_dir
 from celery_durable.metrics import count_files
 
 # The registry the worker already serves: one endpoint for every celery_durable metric.
@@ -42,7 +43,7 @@ class _ProcessCounts:
         with self.lock:
             key = (queue, outcome)
             self.counts[key] = self.counts.get(key, 0.0) + 1.0
-            directory = count_files.shared_dir()
+            directory = shared_dir.shared_dir()
             if directory is not None:
                 # Under the lock: two threads' writes land in the order they counted.
                 count_files.write(directory, self.file_name, self.counts)
@@ -51,7 +52,7 @@ class _ProcessCounts:
         with self.lock:
             own = dict(self.counts)
             name = self.file_name
-        directory = count_files.shared_dir()
+        directory = shared_dir.shared_dir()
         if directory is None:
             return own
         total = count_files.read_all(directory, skip=name)

@@ -15,10 +15,11 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
+from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.metrics.registry import REGISTRY
+from celery_durable.store import limit_waiting
 from celery_durable.store import limits as store
 from celery_durable.store.engine import autocommit, engine_for
-from celery_durable.store.runs import now
 from celery_durable.store.unreachable import is_unreachable
 
 logger = logging.getLogger(__name__)
@@ -52,9 +53,9 @@ def read(url: str) -> tuple[dict[str, int], dict[str, int]]:
     in_use: dict[str, int] = {}
     waiting: dict[str, int] = {}
     with autocommit(engine_for(url)).connect() as conn:
-        for task, _kind, _key, count in store.held(conn, now()):
+        for task, _kind, _key, count in store.held(conn, SYSTEM_CLOCK.now()):
             in_use[task] = in_use.get(task, 0) + count
-        for task, _kind, _key, count in store.waiting_counts(conn):
+        for task, _kind, _key, count in limit_waiting.waiting_counts(conn):
             waiting[task] = waiting.get(task, 0) + count
     with _lock:
         _cache[url] = (monotonic(), in_use, waiting)
@@ -74,7 +75,7 @@ class _LimitsCollector:
             try:
                 in_use, waiting = read(url)
             except Exception as err:  # a scrape must not fail because the store is down
-                # An outage is told once by the parts that run against the store (tasks.store_outage), not
+                # An outage is told once by the parts that run against the store (store.outage), not
                 # at every scrape; any other failure is a bug to see.
                 level = logging.DEBUG if is_unreachable(err) else logging.WARNING
                 logger.log(level, "durable.metrics.limits_unreadable", exc_info=True,

@@ -44,7 +44,7 @@ class _OutboxCollector:
             try:
                 count, first = read(url)
             except Exception as err:  # a scrape must not fail because the store is down
-                # An outage is told once by the parts that run against the store (tasks.store_outage), not
+                # An outage is told once by the parts that run against the store (store.outage), not
                 # at every scrape; any other failure is a bug to see.
                 level = logging.DEBUG if is_unreachable(err) else logging.WARNING
                 logger.log(level, "durable.metrics.outbox_unreadable", exc_info=True,

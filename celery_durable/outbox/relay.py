@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
+from celery_durable.clock import SYSTEM_CLOCK, Clock
 from celery_durable.faults import NO_FAULTS, RELAY_AFTER_PUBLISH, FaultPoints
 from celery_durable.metrics import outbox as outbox_metrics
 from celery_durable.outbox.publishing import publish_batch
@@ -26,6 +26,7 @@ from celery_durable.planning.outbox import (
     probe_after,
     settle_batch,
 )
+from celery_durable.store import outage
 from celery_durable.store import outbox as store
 from celery_durable.store.engine import (
     ensure_schema,
@@ -37,17 +38,12 @@ from celery_durable.store.engine import (
 from celery_durable.store.notify import Waker
 from celery_durable.store.runs import render_error
 from celery_durable.store.urls import shown_url
-from celery_durable.tasks import store_outage as outage
 from celery_durable.tasks.retention import purge_runs
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between purges of published rows older than the retention.
 PURGE_EVERY = 60.0
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -76,7 +72,7 @@ class Relay:
     def __init__(self, app: Any, *, url: str | None = None, batch_size: int = 500,
                  poll_interval: float = 1.0, retention: float = 86400.0, run_retention: float = 0.0,
                  flag_after: int = FLAG_AFTER,
-                 listen: bool = True, now: Callable[[], datetime] = _now,
+                 listen: bool = True, clock: Clock = SYSTEM_CLOCK,
                  probe_every: float = PROBE_EVERY, jitter: float = BACKOFF_JITTER,
                  draw: Callable[[], float] = random.random, faults: FaultPoints = NO_FAULTS) -> None:
         self.app = app
@@ -88,7 +84,7 @@ class Relay:
         self.run_retention = run_retention
         self.flag_after = flag_after
         self.listen = listen
-        self._now = now
+        self._clock = clock
         self.probe_every = probe_every
         self.jitter = jitter
         self._draw = draw
@@ -111,13 +107,13 @@ class Relay:
         if not store_exists(self.url):
             return PassResult(0, 0)
         engine = ensure_schema(self.url)
-        now = self._now()
+        now = self._clock.now()
         with unavailable_as_error(self.url), engine.begin() as conn:
             rows = store.claim(conn, self.batch_size, now)
             if not rows:
                 return PassResult(0, 0)
             with self.app.producer_or_acquire() as producer:
-                published = publish_batch(self.app, producer, rows, self._now)
+                published = publish_batch(self.app, producer, rows, self._clock)
             if published.sent:
                 # Published, nothing marked yet: a crash here republishes these rows.
                 self._faults.reach(RELAY_AFTER_PUBLISH)
@@ -134,7 +130,7 @@ class Relay:
 
     def _settle(self, conn: Any, outcome: BatchOutcome, error: BaseException | None,
                 failed_row: store.OutboxRow | None, now: datetime) -> None:
-        store.mark_published(conn, outcome.published, self._now())
+        store.mark_published(conn, outcome.published, self._clock.now())
         if outcome.failed is None or error is None or failed_row is None:
             return
         rendered = render_error(error)
@@ -214,10 +210,10 @@ class Relay:
         failure with both reachable (a row the broker refuses, a bug) keeps the whole
         backoff, so it cannot turn into a pass every probe interval.
         """
-        deadline = time.monotonic() + delay
+        deadline = self._clock.monotonic() + delay
         while not self._stopping.is_set():
-            wait = probe_after(deadline - time.monotonic(), probe_every=self.probe_every)
-            if wait <= 0 or self._stopping.wait(wait) or time.monotonic() >= deadline:
+            wait = probe_after(deadline - self._clock.monotonic(), probe_every=self.probe_every)
+            if wait <= 0 or self._stopping.wait(wait) or self._clock.monotonic() >= deadline:
                 # The pass at the end of the backoff is the check now.
                 return False
             problem = store_problem(self.url) or broker_problem(self.app)
@@ -232,7 +228,7 @@ class Relay:
                 return True
             else:
                 # Reachable all along: no point probing until the backoff ends.
-                self._stopping.wait(max(0.0, deadline - time.monotonic()))
+                self._stopping.wait(max(0.0, deadline - self._clock.monotonic()))
                 return False
         return False
 
@@ -249,7 +245,7 @@ class Relay:
             return
         try:
             with unavailable_as_error(self.url), ensure_schema(self.url).begin() as conn:
-                released = store.release(conn, ids, self._now())
+                released = store.release(conn, ids, self._clock.now())
         except Exception as err:  # noqa: BLE001 - the next pass reports a store that went down again
             outage.failed(self.url, err, "durable.relay.release_failed", level=logging.WARNING, rows=len(ids))
             return
@@ -264,9 +260,9 @@ class Relay:
             waker.wake()
 
     def _maybe_purge(self) -> None:
-        if time.monotonic() < self._next_purge:
+        if self._clock.monotonic() < self._next_purge:
             return
-        self._next_purge = time.monotonic() + min(PURGE_EVERY, self.retention)
+        self._next_purge = self._clock.monotonic() + min(PURGE_EVERY, self.retention)
         self.purge()
 
     def purge(self) -> int:
@@ -274,13 +270,13 @@ class Relay:
             return 0
         engine = ensure_schema(self.url)
         with unavailable_as_error(self.url), engine.begin() as conn:
-            removed = store.purge_published(conn, self._now() - timedelta(seconds=self.retention))
+            removed = store.purge_published(conn, self._clock.now() - timedelta(seconds=self.retention))
         if removed:
             logger.info("durable.outbox.purged rows=%s", removed,
                         extra={"event": "durable.outbox.purged", "rows": removed})
         if self.run_retention:
             # The store's other housekeeping, on the same cadence: settled runs past their retention.
-            purge_runs(self.url, self.run_retention)
+            purge_runs(self.url, self.run_retention, clock=self._clock)
         return removed
 
 

@@ -172,10 +172,3 @@ def waitable_queues(queues: Sequence[str], free: Mapping[str, int], room: int | 
         return ()
     return tuple(queue for queue in queues if free.get(queue, 0) > 0)
 
-
-def capacity(max_in_flight: int | None, pool_size: int, slots: Sequence[int]) -> int:
-    """Runs the worker can hold: min(process cap, pool size, sum of queue slots)."""
-    bounds = [pool_size, sum(slots)]
-    if max_in_flight is not None:
-        bounds.append(max_in_flight)
-    return min(bounds)

@@ -84,13 +84,13 @@ def release(conn: Connection, beat: str, holder: str) -> bool:
 def leadership(conn: Connection, beat: str) -> Leadership | None:
     row = conn.execute(sa.select(leader.c.holder, leader.c.term, leader.c.expires_at)
                        .where(leader.c.beat == beat)).first()
-    return None if row is None else Leadership(row[0], int(row[1]), _aware(row[2]))
+    return None if row is None else Leadership(row[0], int(row[1]), row[2])
 
 
 def entry_states(conn: Connection, beat: str) -> dict[str, EntryState]:
     rows = conn.execute(sa.select(entries.c.entry, entries.c.watermark, entries.c.paused, entries.c.last_fire_at,
                                   entries.c.last_tick).where(entries.c.beat == beat))
-    return {entry: EntryState(_aware(watermark), bool(paused), _maybe_aware(fired), _maybe_aware(tick))
+    return {entry: EntryState(watermark, bool(paused), fired, tick)
             for entry, watermark, paused, fired, tick in rows}
 
 
@@ -134,7 +134,7 @@ def fired(conn: Connection, beat: str, entry: str | None = None) -> list[tuple[s
     query = sa.select(fires.c.entry, fires.c.tick, fires.c.task_id, fires.c.term).where(fires.c.beat == beat)
     if entry is not None:
         query = query.where(fires.c.entry == entry)
-    return [(e, _aware(t), task_id, int(term)) for e, t, task_id, term in
+    return [(e, t, task_id, int(term)) for e, t, task_id, term in
             conn.execute(query.order_by(fires.c.tick, fires.c.entry))]
 
 
@@ -148,7 +148,7 @@ def _locked_leader(conn: Connection, beat: str) -> Leadership | None:
     if conn.dialect.name == "postgresql":
         query = query.with_for_update()  # SQLite: BEGIN IMMEDIATE already admits one writer
     row = conn.execute(query).first()
-    return None if row is None else Leadership(row[0], int(row[1]), _aware(row[2]))
+    return None if row is None else Leadership(row[0], int(row[1]), row[2])
 
 
 def _insert_ignoring_conflict(conn: Connection, table: sa.Table, values: dict[str, Any]) -> bool:
@@ -157,14 +157,3 @@ def _insert_ignoring_conflict(conn: Connection, table: sa.Table, values: dict[st
 
     statement = (postgresql.insert(table) if conn.dialect.name == "postgresql" else sqlite.insert(table))
     return bool(conn.execute(statement.values(**values).on_conflict_do_nothing()).rowcount)
-
-
-def _aware(value: Any) -> datetime:
-    # SQLite hands back naive datetimes for what was stored as UTC.
-    if not isinstance(value, datetime):
-        raise TypeError(f"expected a datetime from the store, got {value!r}")
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
-
-
-def _maybe_aware(value: Any) -> datetime | None:
-    return None if value is None else _aware(value)

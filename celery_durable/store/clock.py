@@ -9,6 +9,10 @@ in the database's time: PostgreSQL's ``clock_timestamp()``, read once every
 ``RESAMPLE_AFTER`` seconds per store and carried forward with this process's
 monotonic clock (which no wall-clock step moves). On SQLite the store lives on
 this host, whose clock is the only one.
+
+It reads this process's clocks through ``celery_durable.clock.Clock`` (a test
+may give a fake one), and :class:`StoreClock` is the store's time as that same
+interface: its ``now()`` is the database's, its ``monotonic()`` this process's.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from time import monotonic
 
 from sqlalchemy.engine import Connection, Engine
+
+from celery_durable.clock import SYSTEM_CLOCK, Clock
 
 #: Seconds a reading of the database's clock is carried forward before it is read again.
 RESAMPLE_AFTER = 10.0
@@ -30,48 +35,68 @@ class _Reading:
     at: float  # this process's monotonic clock when the database read db_time
 
 
-_readings: dict[str, _Reading] = {}
+#: Per store and local clock (a reading's ``at`` is in that clock's monotonic time).
+_readings: dict[tuple[str, Clock], _Reading] = {}
 _lock = threading.Lock()
 
 
-def store_now(conn: Connection) -> datetime:
+class StoreClock:
+    """The store's time as a :class:`~celery_durable.clock.Clock`: ``now()`` is the database's (read on a
+    connection of its own when the reading is stale), ``monotonic()`` the local clock's."""
+
+    def __init__(self, engine: Engine, local: Clock = SYSTEM_CLOCK) -> None:
+        self.engine = engine
+        self.local = local
+
+    def monotonic(self) -> float:
+        return self.local.monotonic()
+
+    def now(self) -> datetime:
+        return engine_now(self.engine, self.local)
+
+    def now_in(self, conn: Connection) -> datetime:
+        """Now, read on ``conn`` when it is due for reading (no second connection)."""
+        return store_now(conn, self.local)
+
+
+def store_now(conn: Connection, clock: Clock = SYSTEM_CLOCK) -> datetime:
     """Now, as the store's database reads it (an aware UTC datetime); on SQLite, this host's clock."""
     if conn.dialect.name != "postgresql":
-        return datetime.now(timezone.utc)
-    reading = _fresh(conn.engine)
+        return clock.now()
+    reading = _fresh(conn.engine, clock)
     if reading is None:
-        reading = _read(conn)
+        reading = _read(conn, clock)
         with _lock:
-            _readings[_key(conn.engine)] = reading
-    return reading.db_time + timedelta(seconds=monotonic() - reading.at)
+            _readings[(_key(conn.engine), clock)] = reading
+    return reading.db_time + timedelta(seconds=clock.monotonic() - reading.at)
 
 
-def engine_now(engine: Engine) -> datetime:
+def engine_now(engine: Engine, clock: Clock = SYSTEM_CLOCK) -> datetime:
     """:func:`store_now` outside a transaction: a connection is taken only when the reading is stale."""
     if engine.dialect.name != "postgresql":
-        return datetime.now(timezone.utc)
-    reading = _fresh(engine)
+        return clock.now()
+    reading = _fresh(engine, clock)
     if reading is not None:
-        return reading.db_time + timedelta(seconds=monotonic() - reading.at)
+        return reading.db_time + timedelta(seconds=clock.monotonic() - reading.at)
     with engine.connect() as conn:
-        return store_now(conn)
+        return store_now(conn, clock)
 
 
 def _key(engine: Engine) -> str:
     return engine.url.render_as_string(hide_password=True)
 
 
-def _fresh(engine: Engine) -> _Reading | None:
+def _fresh(engine: Engine, clock: Clock) -> _Reading | None:
     with _lock:
-        reading = _readings.get(_key(engine))
-    if reading is None or monotonic() - reading.at > RESAMPLE_AFTER:
+        reading = _readings.get((_key(engine), clock))
+    if reading is None or clock.monotonic() - reading.at > RESAMPLE_AFTER:
         return None
     return reading
 
 
-def _read(conn: Connection) -> _Reading:
-    before = monotonic()
+def _read(conn: Connection, clock: Clock) -> _Reading:
+    before = clock.monotonic()
     db_time = conn.exec_driver_sql("SELECT clock_timestamp()").scalar_one()
-    after = monotonic()
+    after = clock.monotonic()
     # The database read its clock somewhere in the round trip: its middle is the best guess.
     return _Reading(db_time.astimezone(timezone.utc), (before + after) / 2)

@@ -15,9 +15,9 @@ comes back takes the booked lease.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,28 +26,14 @@ from sqlalchemy.engine import Connection
 from celery_durable.headers import LIMITS_CHANNEL
 from celery_durable.planning.limit_declarations import Rate, Scope
 from celery_durable.planning.limits import Decision, LimitAsk, RunRoom, ScopeState, plan_batch, return_rate_turn
-from celery_durable.store.schema import limit_declarations as declarations
+from celery_durable.store import limit_declarations as declarations
+from celery_durable.store import limit_waiting
+from celery_durable.store.limit_waiting import WaitingMessage
 from celery_durable.store.schema import limit_leases as leases
-from celery_durable.store.schema import limit_waiting as waiting
 from celery_durable.store.schema import rate_limits
 
 #: The kind of a lease row that books a rate turn for a waiting message.
 RATE_KIND = "rate"
-
-
-@dataclass(frozen=True)
-class WaitingMessage:
-    """A broker message as it is kept while it waits (see ``schema.limit_waiting``)."""
-
-    task_id: str
-    queue: str
-    exchange: str
-    routing_key: str
-    body: bytes
-    headers: str
-    properties: str
-    content_type: str
-    content_encoding: str
 
 
 @dataclass(frozen=True)
@@ -58,14 +44,6 @@ class Return:
     task_id: str
     scopes: tuple[Scope, ...]
     give_back_turn: Rate | None = None
-
-
-@dataclass(frozen=True)
-class ReadyMessage:
-    """A waiting message due to be published: its row id, and the message as kept."""
-
-    id: int
-    message: WaitingMessage
 
 
 def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[WaitingMessage], *,
@@ -86,9 +64,7 @@ def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[Wa
     task_ids = [ask.task_id for ask in asks]
     # Ids with a row already: parked (publish_at NULL: this is another copy of it), or
     # made ready and not yet published (its row will publish it: nothing more to park).
-    already: dict[str, datetime | None] = {
-        task_id: publish_at for task_id, publish_at in conn.execute(
-            sa.select(waiting.c.task_id, waiting.c.publish_at).where(waiting.c.task_id.in_(task_ids)))}
+    already = limit_waiting.rows_of(conn, task_ids)
     parked_ids = {task_id for task_id, publish_at in already.items() if publish_at is None}
     states = {scope: _read_scope(conn, scope, now) for scope in scopes}
     rate_booked: set[tuple[str, str]] = set()
@@ -97,7 +73,7 @@ def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[Wa
         rate_booked = {(t, tid) for t, tid in conn.execute(
             sa.select(leases.c.task_name, leases.c.task_id).where(
                 leases.c.task_name.in_(rated), leases.c.kind == RATE_KIND, leases.c.task_id.in_(task_ids)))}
-        tats = {task: _aware(tat) for task, tat in conn.execute(
+        tats = {task: tat for task, tat in conn.execute(
             sa.select(rate_limits.c.task_name, rate_limits.c.tat).where(rate_limits.c.task_name.in_(rated)))}
     plan = plan_batch(list(asks), states, parked_ids, rate_booked, tats, now, room)
 
@@ -125,13 +101,10 @@ def take_batch(conn: Connection, asks: Sequence[LimitAsk], messages: Sequence[Wa
         # Its row was made ready and may be on its way out (a dispatcher publishing
         # it, about to delete it): the row waits again, in its first place. If a
         # dispatcher holds it, this waits for its commit and finds it gone (0 rows).
-        row = rows[task_id]
-        if conn.execute(waiting.update().where(waiting.c.task_id == task_id).values(
-                task_name=row["task_name"], kind=row["kind"], key=row["key"],
-                publish_at=row["publish_at"])).rowcount:
+        if limit_waiting.wait_again(conn, rows[task_id]):
             del rows[task_id]
     if rows:
-        _park(conn, list(rows.values()))
+        limit_waiting.park(conn, list(rows.values()))
     if made_ready:
         _notify(conn)
     return plan.decisions, made_ready
@@ -204,10 +177,8 @@ def sweep(conn: Connection, limits: dict[tuple[str, str], int], ttl: float, now:
     this worker does not know is left to a worker that does.
     """
     conn.execute(leases.delete().where(leases.c.expires_at < now))
-    scopes = conn.execute(sa.select(waiting.c.task_name, waiting.c.kind, waiting.c.key)
-                          .where(waiting.c.publish_at.is_(None)).distinct()).all()
     made_ready = 0
-    for task, kind, key in scopes:
+    for task, kind, key in limit_waiting.scopes_waited_on(conn):
         limit = limits.get((task, kind))
         if limit is None:
             continue
@@ -219,39 +190,10 @@ def sweep(conn: Connection, limits: dict[tuple[str, str], int], ttl: float, now:
     return made_ready
 
 
-def declare(conn: Connection, holder: str, limits: dict[tuple[str, str], int], ttl: float,
-            now: datetime) -> dict[tuple[str, str], tuple[int, int]]:
-    """Record the limits ``holder`` declares per (task, kind), live for ``ttl`` (its heartbeat renews them).
-
-    Returns, for each (task, kind) it declares, the lowest and highest limit
-    live workers declare (itself included): where they differ, the lowest applies.
-    """
-    expires = now + timedelta(seconds=ttl)
-    conn.execute(declarations.delete().where(declarations.c.holder == holder))
-    if limits:
-        conn.execute(declarations.insert(), [dict(task_name=task, kind=kind, holder=holder, limit_value=limit,
-                                                  expires_at=expires) for (task, kind), limit in limits.items()])
-    return declared_range(conn, list(limits), now)
-
-
-def declared_range(conn: Connection, pairs: Sequence[tuple[str, str]],
-                   now: datetime) -> dict[tuple[str, str], tuple[int, int]]:
-    """The lowest and highest limit live workers declare for each (task, kind) of ``pairs`` that has one."""
-    tasks = sorted({task for task, _ in pairs})
-    if not tasks:
-        return {}
-    value = declarations.c.limit_value
-    rows = conn.execute(sa.select(declarations.c.task_name, declarations.c.kind, sa.func.min(value), sa.func.max(value))
-                        .where(declarations.c.task_name.in_(tasks), declarations.c.expires_at >= now)
-                        .group_by(declarations.c.task_name, declarations.c.kind)).all()
-    wanted = set(pairs)
-    return {(task, kind): (int(low), int(high)) for task, kind, low, high in rows if (task, kind) in wanted}
-
-
 def renew(conn: Connection, holder: str, ttl: float, now: datetime) -> int:
     """Extend every lease ``holder`` holds, and its declarations, by ``ttl`` from ``now``; returns how many leases."""
+    declarations.renew(conn, holder, ttl, now)
     expires = now + timedelta(seconds=ttl)
-    conn.execute(declarations.update().where(declarations.c.holder == holder).values(expires_at=expires))
     result = conn.execute(leases.update().where(leases.c.holder == holder).values(expires_at=expires))
     return int(result.rowcount or 0)
 
@@ -259,30 +201,8 @@ def renew(conn: Connection, holder: str, ttl: float, now: datetime) -> int:
 def release_holder(conn: Connection, holder: str) -> int:
     """Drop every lease ``holder`` still holds, and its declarations (a worker on its way out); returns how many
     leases."""
-    conn.execute(declarations.delete().where(declarations.c.holder == holder))
+    declarations.withdraw(conn, holder)
     return int(conn.execute(leases.delete().where(leases.c.holder == holder)).rowcount or 0)
-
-
-def claim_ready(conn: Connection, limit: int, now: datetime) -> list[ReadyMessage]:
-    """Lock up to ``limit`` waiting messages due now, oldest turn first (another dispatcher's are skipped)."""
-    query = (sa.select(waiting.c.id, waiting.c.task_id, waiting.c.queue, waiting.c.exchange, waiting.c.routing_key,
-                       waiting.c.body, waiting.c.headers, waiting.c.properties, waiting.c.content_type,
-                       waiting.c.content_encoding)
-             .where(waiting.c.publish_at <= now).order_by(waiting.c.publish_at, waiting.c.id).limit(limit))
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update(skip_locked=True)
-    return [ReadyMessage(row_id, WaitingMessage(*fields)) for row_id, *fields in conn.execute(query)]
-
-
-def forget(conn: Connection, ids: Iterable[int]) -> None:
-    """Delete waiting messages once published."""
-    ids = list(ids)
-    if ids:
-        conn.execute(waiting.delete().where(waiting.c.id.in_(ids)))
-
-
-def next_publish_at(conn: Connection) -> datetime | None:
-    return _aware(conn.execute(sa.select(sa.func.min(waiting.c.publish_at))).scalar())
 
 
 def held(conn: Connection, now: datetime) -> list[tuple[str, str, str, int]]:
@@ -290,13 +210,6 @@ def held(conn: Connection, now: datetime) -> list[tuple[str, str, str, int]]:
     rows = conn.execute(sa.select(leases.c.task_name, leases.c.kind, leases.c.key, sa.func.count())
                         .where(leases.c.expires_at >= now, leases.c.kind != RATE_KIND)
                         .group_by(leases.c.task_name, leases.c.kind, leases.c.key)).all()
-    return [(t, k, key, int(n)) for t, k, key, n in rows]
-
-
-def waiting_counts(conn: Connection) -> list[tuple[str, str, str, int]]:
-    """Messages waiting per scope: (task, kind, key, count)."""
-    rows = conn.execute(sa.select(waiting.c.task_name, waiting.c.kind, waiting.c.key, sa.func.count())
-                        .group_by(waiting.c.task_name, waiting.c.kind, waiting.c.key)).all()
     return [(t, k, key, int(n)) for t, k, key, n in rows]
 
 
@@ -316,19 +229,15 @@ def _read_scope(conn: Connection, scope: Scope, now: datetime) -> ScopeState:
     """
     rows = conn.execute(sa.select(leases.c.task_id, leases.c.holder, leases.c.expires_at)
                         .where(*_in_scope(scope))).all()
-    live = [(tid, holder) for tid, holder, expires in rows if (_aware(expires) or now) >= now]
+    live = [(tid, holder) for tid, holder, expires in rows if expires >= now]
     if len(live) < len(rows):
         conn.execute(leases.delete().where(*_in_scope(scope), leases.c.expires_at < now))
-    lowest = conn.execute(sa.select(sa.func.min(declarations.c.limit_value)).where(
-        declarations.c.task_name == scope.task, declarations.c.kind == scope.kind,
-        declarations.c.expires_at >= now)).scalar()
+    lowest = declarations.lowest_declared(conn, scope, now)
     state = ScopeState(live=len(live), booked={tid for tid, holder in live if holder is None},
                        held={tid for tid, holder in live if holder is not None},
-                       limit=int(lowest) if lowest is not None and lowest < scope.limit else None)
+                       limit=lowest if lowest is not None and lowest < scope.limit else None)
     if len(live) < state.limit_of(scope):
-        state.waiting = int(conn.execute(sa.select(sa.func.count()).select_from(waiting).where(
-            waiting.c.task_name == scope.task, waiting.c.kind == scope.kind, waiting.c.key == scope.key,
-            waiting.c.publish_at.is_(None))).scalar_one())
+        state.waiting = limit_waiting.waiting_on(conn, scope)
     return state
 
 
@@ -336,16 +245,13 @@ def _make_ready(conn: Connection, scope: Scope, count: int, ttl: float, now: dat
     """Book a lease for each of the ``count`` oldest waiters of ``scope`` and mark them due now."""
     if count <= 0:
         return 0
-    queued = conn.execute(sa.select(waiting.c.id, waiting.c.task_id)
-                          .where(waiting.c.task_name == scope.task, waiting.c.kind == scope.kind,
-                                 waiting.c.key == scope.key, waiting.c.publish_at.is_(None))
-                          .order_by(waiting.c.id).limit(count)).all()
+    queued = limit_waiting.oldest_waiting(conn, scope, count)
     if not queued:
         return 0
     expires = now + timedelta(seconds=ttl)
     conn.execute(leases.insert(), [dict(task_name=scope.task, kind=scope.kind, key=scope.key, task_id=waiter,
                                         holder=None, expires_at=expires) for _, waiter in queued])
-    conn.execute(waiting.update().where(waiting.c.id.in_([row_id for row_id, _ in queued])).values(publish_at=now))
+    limit_waiting.mark_due(conn, [row_id for row_id, _ in queued], now)
     return len(queued)
 
 
@@ -364,19 +270,12 @@ def _parked_row(ask: LimitAsk, scope: Scope | None, message: WaitingMessage, now
                 content_encoding=message.content_encoding, created_at=now, publish_at=publish_at)
 
 
-def _park(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    # A plain INSERT: SQLAlchemy caches it and sends the rows as one multi-row
-    # statement. The batch left out the ids that have a row (take_batch read them
-    # under the scopes' locks), so the unique task id is not expected to clash.
-    conn.execute(waiting.insert(), rows)
-
-
 def _scope_order(scope: Scope) -> tuple[str, str, str]:
     return scope.task, scope.kind, scope.key
 
 
 def _give_back_turn(conn: Connection, task: str, rate: Rate) -> None:
-    tat = _aware(conn.execute(sa.select(rate_limits.c.tat).where(rate_limits.c.task_name == task)).scalar())
+    tat = conn.execute(sa.select(rate_limits.c.tat).where(rate_limits.c.task_name == task)).scalar()
     if tat is not None:
         _set_tat(conn, task, return_rate_turn(tat, rate.interval))
 
@@ -407,10 +306,3 @@ def _lock(conn: Connection, names: list[str]) -> None:
 def _notify(conn: Connection) -> None:
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql(f"NOTIFY {LIMITS_CHANNEL}")
-
-
-def _aware(value: Any) -> datetime | None:
-    # SQLite hands back naive datetimes for what was stored as UTC.
-    if isinstance(value, datetime) and value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value if isinstance(value, datetime) else None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -86,16 +86,9 @@ def backlog(conn: Connection) -> tuple[int, datetime | None]:
     """(unpublished rows, creation time of the oldest)."""
     row = conn.execute(sa.select(sa.func.count(), sa.func.min(outbox.c.created_at))
                        .where(outbox.c.published_at.is_(None))).one()
-    return int(row[0]), _aware(row[1])
+    return int(row[0]), row[1]
 
 
 def get(conn: Connection, task_id: str) -> dict[str, Any] | None:
     row = conn.execute(sa.select(outbox).where(outbox.c.task_id == task_id)).mappings().first()
     return dict(row) if row is not None else None
-
-
-def _aware(value: Any) -> datetime | None:
-    # SQLite hands back naive datetimes for what was stored as UTC.
-    if isinstance(value, datetime) and value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value if isinstance(value, datetime) else None

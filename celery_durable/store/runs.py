@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -64,26 +64,10 @@ class Run:
     def settled(self) -> bool:
         return self.state in SETTLED
 
-    @property
-    def lease_expiry(self) -> datetime | None:
-        """``lease_expires_at`` as an aware UTC time (SQLite hands back naive ones, written as UTC)."""
-        expires = self.lease_expires_at
-        if expires is not None and expires.tzinfo is None:
-            expires = expires.replace(tzinfo=timezone.utc)
-        return expires
-
     def lease_live(self, at: datetime) -> bool:
         """Whether an attempt's heartbeat still vouches for this run at ``at``."""
-        expires = self.lease_expiry
+        expires = self.lease_expires_at
         return self.lease_holder is not None and expires is not None and expires > at
-
-
-def now() -> datetime:
-    """This host's wall clock: for what no other process compares (retention cutoffs, reports).
-
-    Leases are written and compared in the store's clock instead (:func:`store_now`).
-    """
-    return datetime.now(timezone.utc)
 
 
 def render_error(exc: BaseException) -> str:

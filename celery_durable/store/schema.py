@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+from typing import Any
+
 import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
 
 #: The Alembic revision the code reads and writes; a database behind it must be migrated.
 HEAD_REVISION = "0008_run_recovery"
@@ -20,6 +24,33 @@ SLEEPING = "sleeping"
 STATES = (RUNNING, SLEEPING, SUCCEEDED, FAILED, DEAD, CANCELLED)
 SETTLED = frozenset({SUCCEEDED, DEAD, CANCELLED})
 
+
+
+class UtcDateTime(sa.types.TypeDecorator[datetime]):
+    """A timestamp read back as an aware UTC datetime on every database.
+
+    Stored as ``DateTime(timezone=True)`` (the migrations' type): PostgreSQL's
+    ``timestamptz`` keeps the instant; SQLite keeps the text of the wall time
+    and hands back a naive datetime, so values are written in UTC and read
+    back as UTC. A naive value given to it is taken to be UTC already.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None or value.tzinfo is None:
+            return value
+        return value.astimezone(timezone.utc)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if not isinstance(value, datetime):
+            raise TypeError(f"expected a datetime from the store, got {value!r}")
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
 metadata = sa.MetaData()
 
 runs = sa.Table(
@@ -36,22 +67,22 @@ runs = sa.Table(
     sa.Column("kwargs", sa.Text, nullable=False),
     sa.Column("result", sa.Text, nullable=True),
     sa.Column("last_error", sa.Text, nullable=True),
-    sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("started_at", UtcDateTime(), nullable=False),
+    sa.Column("updated_at", UtcDateTime(), nullable=False),
+    sa.Column("finished_at", UtcDateTime(), nullable=True),
     # The run lease (see celery_durable.store.runs): the token of the attempt
     # executing the run, or of the message it handed the run to (a durable
     # sleep, a store outage), and until when the holder's heartbeat vouches
     # for it (NULL: a hand-off, not a live attempt).
     sa.Column("lease_holder", sa.String(64), nullable=True),
-    sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("lease_expires_at", UtcDateTime(), nullable=True),
     # Attempts that started and never recorded an end (their process died):
     # a run that keeps killing its worker is buried once these use up its retries.
     sa.Column("lost_attempts", sa.Integer, nullable=False, server_default="0"),
     # The delivery's Celery retry count when its attempt began, and when a sleeping run's wake-up
     # is due: what the fleet needs to send a stranded run again (tasks/recovery.py).
     sa.Column("retries", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("wake_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("wake_at", UtcDateTime(), nullable=True),
     sa.Index("ix_durable_runs_state", "state"),
     sa.Index("ix_durable_runs_finished_at", "finished_at"),  # run retention (tasks/retention.py)
 )
@@ -64,7 +95,7 @@ steps = sa.Table(
     sa.Column("name", sa.String(200), primary_key=True),
     sa.Column("occurrence", sa.Integer, primary_key=True),
     sa.Column("result", sa.Text, nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
 )
 
 outbox = sa.Table(
@@ -79,10 +110,10 @@ outbox = sa.Table(
     sa.Column("args", sa.Text, nullable=False),
     sa.Column("kwargs", sa.Text, nullable=False),
     sa.Column("options", sa.Text, nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
     # Not before this time: a row whose publish failed waits out its backoff here.
-    sa.Column("available_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("published_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("available_at", UtcDateTime(), nullable=False),
+    sa.Column("published_at", UtcDateTime(), nullable=True),
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
     sa.Column("last_error", sa.Text, nullable=True),
     # The relay's scan: unpublished rows in id order (published ones are only swept by age).
@@ -102,7 +133,7 @@ limit_leases = sa.Table(
     # The worker process holding it (renewed by its heartbeat); NULL: booked
     # for a waiting message that was made ready and is on its way back.
     sa.Column("holder", sa.String(64), nullable=True),
-    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", UtcDateTime(), nullable=False),
     sa.Index("ix_durable_limit_leases_holder", "holder"),
 )
 
@@ -126,10 +157,10 @@ limit_waiting = sa.Table(
     sa.Column("properties", sa.Text, nullable=False),
     sa.Column("content_type", sa.String(128), nullable=False),
     sa.Column("content_encoding", sa.String(64), nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
     # NULL: waiting for a lease in its scope. Set: to be published at that time
     # (its lease or rate turn is booked).
-    sa.Column("publish_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("publish_at", UtcDateTime(), nullable=True),
     sa.Index("ix_durable_limit_waiting_scope", "task_name", "kind", "key", "id"),
     sa.Index("ix_durable_limit_waiting_publish_at", "publish_at"),
 )
@@ -144,7 +175,7 @@ limit_declarations = sa.Table(
     sa.Column("kind", sa.String(8), primary_key=True),
     sa.Column("holder", sa.String(64), primary_key=True),
     sa.Column("limit_value", sa.Integer, nullable=False),
-    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", UtcDateTime(), nullable=False),
 )
 
 # The fleet rate limit's state: per task, the theoretical arrival time of its next run (GCRA).
@@ -152,7 +183,7 @@ rate_limits = sa.Table(
     "durable_rate_limits",
     metadata,
     sa.Column("task_name", sa.String(255), primary_key=True),
-    sa.Column("tat", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("tat", UtcDateTime(), nullable=False),
 )
 
 
@@ -165,7 +196,7 @@ beat_leader = sa.Table(
     sa.Column("beat", sa.String(200), primary_key=True),
     sa.Column("holder", sa.String(64), nullable=False),
     sa.Column("term", sa.BigInteger, nullable=False),
-    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", UtcDateTime(), nullable=False),
 )
 
 # Each entry's watermark: the latest occurrence decided (sent, or passed over by its
@@ -175,10 +206,10 @@ beat_entries = sa.Table(
     metadata,
     sa.Column("beat", sa.String(200), primary_key=True),
     sa.Column("entry", sa.String(200), primary_key=True),
-    sa.Column("watermark", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("watermark", UtcDateTime(), nullable=False),
     sa.Column("paused", sa.Boolean, nullable=False, server_default=sa.false()),
-    sa.Column("last_fire_at", sa.DateTime(timezone=True), nullable=True),
-    sa.Column("last_tick", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("last_fire_at", UtcDateTime(), nullable=True),
+    sa.Column("last_tick", UtcDateTime(), nullable=True),
 )
 
 # Every tick sent, unique per (beat, entry, tick): a tick is fired once whoever leads.
@@ -187,9 +218,9 @@ beat_fires = sa.Table(
     metadata,
     sa.Column("beat", sa.String(200), primary_key=True),
     sa.Column("entry", sa.String(200), primary_key=True),
-    sa.Column("tick", sa.DateTime(timezone=True), primary_key=True),
+    sa.Column("tick", UtcDateTime(), primary_key=True),
     sa.Column("task_id", sa.String(255), nullable=False),
     sa.Column("term", sa.BigInteger, nullable=False),
-    sa.Column("fired_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("fired_at", UtcDateTime(), nullable=False),
     sa.Index("ix_durable_beat_fires_fired_at", "fired_at"),
 )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.planning.checkpoints import StepKey
-from celery_durable.store.runs import now
 from celery_durable.store.schema import steps
 
 _insert = sa.insert(steps)
@@ -23,4 +23,4 @@ def load(conn: Connection, run_id: str) -> dict[StepKey, str]:
 def insert(conn: Connection, run_id: str, key: StepKey, encoded: str) -> None:
     """Store one checkpoint; on an autocommit connection this is one round trip."""
     conn.execute(_insert, {"run_id": run_id, "name": key.name, "occurrence": key.occurrence,
-                           "result": encoded, "created_at": now()})
+                           "result": encoded, "created_at": SYSTEM_CLOCK.now()})

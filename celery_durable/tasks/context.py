@@ -16,11 +16,10 @@ from celery_durable.errors import NotDurable, SleepHandOff, StoreUnavailable
 from celery_durable.faults import AFTER_COMMIT, BEFORE_COMMIT, BEFORE_FN, NO_FAULTS, FaultPoints
 from celery_durable.headers import RESUME_HEADER
 from celery_durable.planning.checkpoints import Ledger, check_step_name
-from celery_durable.store import runs, steps
+from celery_durable.store import outage, runs, steps
 from celery_durable.store.engine import autocommit, unavailable_as_error
 from celery_durable.store.json_values import from_json, to_json
 from celery_durable.store.runs import Run
-from celery_durable.tasks import store_outage as outage
 
 logger = logging.getLogger("celery_durable.run")
 

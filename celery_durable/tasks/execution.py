@@ -22,6 +22,7 @@ from typing import Any
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_durable import faults
+from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.compat.autoretry import max_retries, will_retry
 from celery_durable.config import lease_ttl
 from celery_durable.errors import NotDurable, RunExhausted, RunIdInvalid, SleepHandOff, StoreUnavailable
@@ -31,13 +32,12 @@ from celery_durable.metrics import jobs as metrics
 from celery_durable.planning import run_admission
 from celery_durable.planning.checkpoints import Ledger, check_run_id
 from celery_durable.planning.run_admission import BURY, DUPLICATE, RUN, RowView
-from celery_durable.store import runs, steps
+from celery_durable.store import outage, runs, steps
 from celery_durable.store.clock import store_now
 from celery_durable.store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
 from celery_durable.store.json_values import encode, from_json
 from celery_durable.store.runs import Run
 from celery_durable.store.schema import DEAD, FAILED, SETTLED, SLEEPING, SUCCEEDED
-from celery_durable.tasks import store_outage as outage
 from celery_durable.tasks.context import RunContext, _current
 
 logger = logging.getLogger("celery_durable.run")
@@ -92,18 +92,18 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
         outage.available(url)
 
         verdict = run_admission.admit(
-            RowView(run.state, run.lease_holder, run.lease_expiry, run.lost_attempts), started=started,
+            RowView(run.state, run.lease_holder, run.lease_expires_at, run.lost_attempts), started=started,
             settled_states=SETTLED, sleeping_state=SLEEPING, retries=int(request.retries or 0),
             max_retries=max_retries(task), at=store_now(conn),
         )
         wait = None if request.is_eager else run_admission.wait_in_place(
-            verdict, run.lease_expiry, seen_expires, look, ttl)
+            verdict, run.lease_expires_at, seen_expires, look, ttl)
         if wait is None:
             break
         # A lease that may be a dead holder's: watched here, since a re-sent copy would queue behind
         # every message sent since.
         conn.close()
-        seen_expires = run.lease_expiry
+        seen_expires = run.lease_expires_at
         time.sleep(wait)
     if verdict.kind != RUN:
         try:
@@ -276,7 +276,7 @@ def _refuse_id(task: Any, err: RunIdInvalid) -> Any:
     logger.error("durable.run.id_invalid task=%s queue=%s: %s", task.name, queue, err,
                  extra={"event": "durable.run.id_invalid", "task": task.name, "queue": queue})
     metrics.count(queue, "dead_lettered")
-    at = runs.now()
+    at = SYSTEM_CLOCK.now()
     call_hook(task, Run(id=str(request.id), task_name=task.name, queue=queue, state=DEAD, attempts=0,
                         args="[]", kwargs="{}", result=None, last_error=f"RunIdInvalid: {err}",
                         started_at=at, updated_at=at, finished_at=at))

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Sequence
 from datetime import timedelta
 
+from celery_durable.clock import SYSTEM_CLOCK, Clock
 from celery_durable.store import runs as store_runs
 from celery_durable.store.engine import ensure_schema, store_exists, unavailable_as_error
 from celery_durable.store.schema import CANCELLED, SUCCEEDED
@@ -30,12 +31,14 @@ RETAINED_STATES = (SUCCEEDED, CANCELLED)
 PURGE_LOCK = 7296302
 
 
-def purge_runs(url: str, older_than: float, states: Sequence[str] = RETAINED_STATES, batch: int = BATCH) -> int:
-    """Delete runs in ``states`` that finished more than ``older_than`` seconds ago; returns how many."""
+def purge_runs(url: str, older_than: float, states: Sequence[str] = RETAINED_STATES, batch: int = BATCH,
+               clock: Clock = SYSTEM_CLOCK) -> int:
+    """Delete runs in ``states`` that finished more than ``older_than`` seconds ago (by ``clock``); returns how
+    many."""
     if not store_exists(url):
         return 0
     engine = ensure_schema(url)
-    before = store_runs.now() - timedelta(seconds=older_than)
+    before = clock.now() - timedelta(seconds=older_than)
     removed = 0
     while True:
         with unavailable_as_error(url), engine.begin() as conn:

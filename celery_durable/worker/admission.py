@@ -13,12 +13,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from celery_durable.clock import Clock
 from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.compat.request import eta_ahead, waits_for_eta
+from celery_durable.limits.gate import Admission, LimitGate
 from celery_durable.planning.limits import BACK, RunRoom
 from celery_durable.worker.fetchers import give_back_in_place
 from celery_durable.worker.held_runs import HeldRun, HeldRuns
-from celery_durable.worker.limit_gate import Admission, LimitGate
 from celery_durable.worker.parking import Parker, undecodable
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ class Admitter:
     """Admits the messages a claim took, in order; counts the ones given back for want of a slot."""
 
     def __init__(self, *, held: HeldRuns, gate: LimitGate | None, handle: Callable[[Any], Any],
-                 clock: Callable[[], float]) -> None:
+                 clock: Clock) -> None:
         self._held = held
         self._gate = gate
         self._handle = handle
@@ -48,7 +49,7 @@ class Admitter:
 
     def store_paused(self) -> bool:
         """Whether the store failed the gate less than :data:`STORE_PAUSE` ago: claiming waits."""
-        return self._paused_until is not None and self._clock() < self._paused_until
+        return self._paused_until is not None and self._clock.monotonic() < self._paused_until
 
     def admit(self, queue_name: str, message: HostMessage) -> bool:
         """Hand ``message`` to Celery; False if it was parked, went to wait for a limit, or back (no slot)."""
@@ -111,7 +112,7 @@ class Admitter:
             return out
         admissions, store_failed = gate.admit_or_hand_back([readable[i] for i in limited_at], room)
         if store_failed:
-            self._paused_until = self._clock() + STORE_PAUSE
+            self._paused_until = self._clock.monotonic() + STORE_PAUSE
         for index, admission in zip(limited_at, admissions):
             if admission is None and room is not None and not room.take(readable[index][0]):
                 # The gate could not read its arguments (Celery's strategy will park it): it would still

@@ -5,20 +5,20 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import weakref
-from dataclasses import dataclass, field
 from typing import Any
 
+from celery_durable import shared_dir
 from celery_durable.compat import worker_controller as controller
 from celery_durable.compat.host_check import check_host
 from celery_durable.compat.pool_alias import register_pool_alias
 from celery_durable.config import DurableConfig, from_celery_conf
 from celery_durable.errors import ConfigInvalid, HostIncompatible
-from celery_durable.metrics import count_files
 from celery_durable.planning import limit_declarations as declarations
+from celery_durable.planning.capacity import cap_above_pool, unsized_pool
 from celery_durable.planning.limit_declarations import LimitInvalid, TaskLimits
 from celery_durable.worker import cli_options
 from celery_durable.worker.signals import connect_boot, connect_worker_shutdown
+from celery_durable.worker.wiring import CommandLine, wire, wiring_for
 
 logger = logging.getLogger(__name__)
 
@@ -28,36 +28,6 @@ THREAD_POOL_PATH = "celery_durable.worker.pool:DurableThreadPool"
 CONSUMER_PATH = "celery_durable.worker.consumer:DurableConsumer"
 
 _registered = False
-
-
-@dataclass(frozen=True)
-class CommandLine:
-    """What the worker was started with that Celery no longer tells by ``worker_init``."""
-
-    #: -c (or worker_concurrency) was given: by worker_init a missing -c is already cpu_count().
-    concurrency_given: bool = True
-    #: --autoscale: Celery's Pool bootstep sets the worker's autoscale only after worker_init.
-    autoscale: bool = False
-    #: durable_* settings the worker's own options override (worker/cli_options.py).
-    overrides: dict[str, Any] = field(default_factory=dict)
-    #: An option that could not be read at all (``--queue-concurrency reports``).
-    refused: ConfigInvalid | None = None
-
-# What boot learned about each worker, kept here rather than as attributes set
-# on Celery's WorkController (which Celery does not promise to leave alone).
-_command_lines: weakref.WeakKeyDictionary[Any, CommandLine] = weakref.WeakKeyDictionary()
-_configs: weakref.WeakKeyDictionary[Any, DurableConfig] = weakref.WeakKeyDictionary()
-_limits: weakref.WeakKeyDictionary[Any, dict[str, TaskLimits]] = weakref.WeakKeyDictionary()
-
-
-def config_for(worker: Any) -> DurableConfig:
-    """The validated config of a ``-P durable`` worker (its WorkController), set at ``worker_init``."""
-    return _configs[worker]
-
-
-def limits_for(worker: Any) -> dict[str, TaskLimits]:
-    """The fleet limits the tasks of a ``-P durable`` worker declare, read and checked at ``worker_init``."""
-    return _limits.get(worker, {})
 
 
 def register() -> None:
@@ -96,12 +66,12 @@ def _remember_command_line(sender: Any = None, instance: Any = None, conf: Any =
     except ConfigInvalid as err:
         # Refused at worker_init with the settings, in the same one line.
         refused = cli_options.naming_the_option(err, cli_options.WORKER_FLAGS)
-    _command_lines[instance] = CommandLine(
+    wire(instance, command_line=CommandLine(
         concurrency_given=bool(options.get("concurrency") or (conf or {}).get("worker_concurrency")),
         autoscale=bool(options.get("autoscale")),
         overrides=overrides,
         refused=refused,
-    )
+    ))
 
 
 def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
@@ -134,21 +104,16 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
         logger.error("durable.config.invalid: %s", err,
                      extra={"event": "durable.config.invalid", "setting": err.setting, "error": str(err)})
         raise SystemExit(f"celery_durable: refusing to start: {err}") from None
-    _configs[worker] = config
-    _limits[worker] = limits
+    command_line = wire(worker, config=config, limits=limits).command_line
     controller.use_pool(worker, THREAD_POOL_PATH if config.execution == "threads" else POOL_PATH)
     if config.execution == "prefork":
         _share_counts(worker)
     controller.use_consumer(worker, CONSUMER_PATH)
-    if not _command_lines.get(worker, CommandLine()).concurrency_given:
-        consumed = list(worker.app.amqp.queues.consume_from)
-        slots_sum = sum(config.slots_for(q) for q in consumed)
-        if config.max_in_flight is not None:
-            # With no -c the pool is sized to what the worker may hold.
-            controller.size_pool(worker, min(config.max_in_flight, slots_sum))
-        else:
-            controller.size_pool(worker, min(controller.pool_size(worker), slots_sum))
-    elif config.max_in_flight is not None and config.max_in_flight > controller.pool_size(worker):
+    if not command_line.concurrency_given:
+        # With no -c the pool is sized to what the worker may hold: the claimer's capacity rule.
+        slots = [config.slots_for(q) for q in worker.app.amqp.queues.consume_from]
+        controller.size_pool(worker, unsized_pool(config.max_in_flight, controller.pool_size(worker), slots))
+    elif cap_above_pool(config.max_in_flight, controller.pool_size(worker)):
         logger.warning(
             "durable.boot.cap_above_pool: durable_max_in_flight=%s exceeds the pool size %s; "
             "the worker holds at most %s (it never buffers runs the pool cannot start)",
@@ -193,13 +158,13 @@ def _check_store_for_limits(limits: dict[str, TaskLimits], config: DurableConfig
 def _share_counts(worker: Any) -> None:
     # worker_init comes before the pool forks: every child inherits the
     # directory's name, so the parent's metrics endpoint sums their run counts.
-    directory = count_files.share()
+    directory = shared_dir.share()
     owner = os.getpid()
 
     def remove(sender: Any = None, **_: Any) -> None:
         # A forked child inherits atexit handlers: only the worker removes it.
         if os.getpid() == owner and sender in (None, worker):
-            count_files.unshare(directory)
+            shared_dir.unshare(directory)
 
     # Sent after a warm shutdown has joined the pool: no child counts after it.
     connect_worker_shutdown(remove)
@@ -208,7 +173,7 @@ def _share_counts(worker: Any) -> None:
 
 
 def _validated_config(worker: Any) -> DurableConfig:
-    command_line = _command_lines.get(worker, CommandLine())
+    command_line = wiring_for(worker).command_line
     if command_line.autoscale or getattr(worker, "autoscale", None):
         raise ConfigInvalid("--autoscale", "cannot be used with -P durable: size the pool with -c "
                                            "(pool_grow and pool_shrink move the capacity with it)")

@@ -6,8 +6,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from celery_durable.clock import Clock
 from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.errors import InvariantBroken
+from celery_durable.limits.gate import LimitGate
 from celery_durable.planning.claim_sweep import (
     Sweep,
     begin_sweep,
@@ -30,7 +32,6 @@ from celery_durable.worker.fetchers import (
 )
 from celery_durable.worker.held_runs import HeldRuns
 from celery_durable.worker.idle_wait import IdleWait, idle_wait_for
-from celery_durable.worker.limit_gate import LimitGate
 from celery_durable.worker.parking import parker_for
 
 
@@ -50,7 +51,7 @@ class Claimer:
         held: HeldRuns,
         accept: Any,
         schedule: Callable[[Callable[[], None]], None],
-        clock: Callable[[], float],
+        clock: Clock,
         stop_requested: Callable[[], bool] = lambda: False,
         before_pass: Callable[[], None] = lambda: None,
         new_fetcher: Callable[[Any, Any], Fetcher] = fetcher_for,
@@ -241,11 +242,11 @@ class Claimer:
         open_queues = [q for q, slots in free.items() if slots > 0]
         if len(open_queues) < 2:
             return free
-        started = self._clock()
+        started = self._clock.monotonic()
         ready = self._ready.reusable(open_queues, started)
         if ready is None:
             ready = fetcher.ready_counts(open_queues)
-            now = self._clock()
+            now = self._clock.monotonic()
             self._ready.probed(ready, now, now - started)
         return {q: min(slots, ready.get(q, slots)) for q, slots in free.items()}
 

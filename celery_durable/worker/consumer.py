@@ -11,17 +11,15 @@ from celery.worker.consumer import Consumer
 from celery_durable.compat.consumer import ConsumerHooks, claiming_loop, consumer_blueprint
 from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.compat.worker_state import shutdown_requested
-from celery_durable.config import DurableConfig
+from celery_durable.limits.fleet import FleetLimits
 from celery_durable.metrics import queues as queue_metrics
 from celery_durable.metrics import worker_gauges
-from celery_durable.planning.limit_declarations import TaskLimits
 from celery_durable.store.engine import resolve_url
-from celery_durable.worker.boot import config_for, limits_for
 from celery_durable.worker.claimer import Claimer
-from celery_durable.worker.limit_gate import LimitDispatcher, LimitGate
 from celery_durable.worker.loop_kicks import LoopKicks
 from celery_durable.worker.runtime import WorkerRuntime
 from celery_durable.worker.signals import connect_consumer, disconnect_consumer
+from celery_durable.worker.wiring import wiring_for
 
 
 class DurableStats(bootsteps.StartStopStep):
@@ -51,7 +49,8 @@ class DurableConsumer(ConsumerHooks):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        config: DurableConfig = config_for(self.controller)
+        wiring = wiring_for(self.controller)
+        config = wiring.durable_config
         self.durable_config = config
         self.runtime = WorkerRuntime(
             config,
@@ -59,7 +58,7 @@ class DurableConsumer(ConsumerHooks):
             pool_limit=self.pool.limit,
             republish_connection=self.app.connection_for_write,
             stop_requested=shutdown_requested,
-            gate=_limit_gate(self.app, config, limits_for(self.controller)),
+            limits=FleetLimits.for_worker(self.app, config, wiring.limits),
         )
         self._kicks: LoopKicks | None = None
         self.pool.run_listener = self.runtime
@@ -77,9 +76,6 @@ class DurableConsumer(ConsumerHooks):
         return self._kicks
 
     def new_claimer(self, connection: Any, hub: Any) -> Claimer:
-        gate = self.runtime.gate
-        if gate is not None and gate.dispatcher is not None:
-            gate.dispatcher.start()
         claimer = self.runtime.new_claimer(
             connection,
             queues=lambda: list(self.app.amqp.queues.consume_from.values()),
@@ -174,11 +170,3 @@ class DurableConsumer(ConsumerHooks):
             self.runtime.close_limits()
             self.runtime.leave_broker()
 
-
-def _limit_gate(app: Any, config: DurableConfig, limits: dict[str, TaskLimits]) -> LimitGate | None:
-    """The worker's fleet-limit gate and its dispatcher; None when no task it knows declares a limit."""
-    if not limits:
-        return None
-    gate = LimitGate(app, limits, url=resolve_url(config.database_url), lease_ttl=config.lease_ttl)
-    gate.dispatcher = LimitDispatcher(gate, poll_interval=config.relay_poll_interval)
-    return gate

@@ -7,9 +7,10 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from time import monotonic, time
+from time import time
 from typing import Any
 
+from celery_durable.clock import SYSTEM_CLOCK, Clock
 from celery_durable.compat.host_types import HostMessage
 from celery_durable.config import DurableConfig
 from celery_durable.headers import SENT_AT_HEADER, TASK_ID_HEADER
@@ -33,7 +34,7 @@ class Drain:
     """
 
     def __init__(self, held: HeldRuns, config: DurableConfig, republish_connection: Callable[[], Any],
-                 *, clock: Callable[[], float] = monotonic) -> None:
+                 *, clock: Clock = SYSTEM_CLOCK) -> None:
         self._held = held
         self._config = config
         #: A broker connection for writing (``app.connection_for_write``), used as a context manager.
@@ -54,14 +55,14 @@ class Drain:
 
     def _watch(self) -> None:
         held = self._held
-        deadline = self._clock() + self._config.drain_timeout
+        deadline = self._clock.monotonic() + self._config.drain_timeout
         count = held.held()
         logger.info("durable.drain.started held=%s", count, extra={"event": "durable.drain.started", "held": count})
         # Only runs the pool has can still finish: the consumer (and with it
         # Celery's ETA timer) stopped before the pool, so a run waiting for its
         # ETA or for a slot will never reach the pool. Waiting for one would
         # hold every shutdown to the deadline (30 s by default) for nothing.
-        while self._pool_has_runs() and self._clock() < deadline:
+        while self._pool_has_runs() and self._clock.monotonic() < deadline:
             threading.Event().wait(_POLL_SECONDS)
         left = held.snapshot()
         if not left:

@@ -28,7 +28,7 @@ class HeldRun:
     #: Waiting for its ETA/countdown: counted, but holding no slot until it
     #: is due (a durable sleep or a long countdown must not fill the worker).
     scheduled: bool = False
-    #: The fleet-limit leases the run took before it was admitted (worker/limit_gate.py), if any.
+    #: The fleet-limit leases the run took before it was admitted (limits/gate.py), if any.
     limit_grant: Any = None
     #: The gate has looked at it (at claim, or when its ETA fell due): it is not asked twice.
     limit_checked: bool = False

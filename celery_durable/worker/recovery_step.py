@@ -44,7 +44,7 @@ class RunRecovery(bootsteps.StartStopStep):
         self.thread.start()
 
     def _run(self, app: Any, url: str, lease_ttl: float, interval: float) -> None:
-        from celery_durable.tasks import store_outage as outage
+        from celery_durable.store import outage
         from celery_durable.tasks.recovery import recover_stranded, touch
 
         # Since when this worker has reached the store without a break. After an outage every lease

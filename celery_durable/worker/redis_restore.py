@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from time import monotonic, time
+from collections.abc import Iterable
+from time import time
 from typing import Any
 
+from celery_durable.clock import SYSTEM_CLOCK, Clock
 from celery_durable.compat.host_types import RedisChannel
 from celery_durable.compat.redis_channel import channel_client, channel_qos, visibility_timeout
 from celery_durable.compat.redis_claim import renew_unacked
@@ -44,7 +45,7 @@ class RedisRestorer:
     """
 
     def __init__(self, channel: RedisChannel, interval: float, holder: str, lease_ttl: float,
-                 clock: Callable[[], float] = monotonic) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self._channel = channel
         self.interval = interval
         self.holder = holder
@@ -84,7 +85,7 @@ class RedisRestorer:
             scripts = self._holder_scripts()
             scripts.beat(self.holder, self.lease_ttl)
             if self._beating_since is None:
-                self._beating_since = self._clock()
+                self._beating_since = self._clock.monotonic()
             if not self._may_judge():
                 return
             for dead in scripts.dead():
@@ -101,7 +102,7 @@ class RedisRestorer:
         last beat is old, the live ones' too: they are judged only once each has
         had a TTL to beat again. A worker just started waits the same TTL.
         """
-        return self._beating_since is not None and self._clock() - self._beating_since >= self.lease_ttl
+        return self._beating_since is not None and self._clock.monotonic() - self._beating_since >= self.lease_ttl
 
     def _restore_holder(self, scripts: HolderScripts, dead: str) -> None:
         try:

@@ -16,19 +16,20 @@ import socket
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from time import monotonic
 from typing import Any
 
+from celery_durable.clock import SYSTEM_CLOCK, Clock
 from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.compat.request import skip_ack, was_acknowledged
 from celery_durable.config import DurableConfig
-from celery_durable.planning.claim_sweep import capacity
+from celery_durable.limits.fleet import FleetLimits
+from celery_durable.limits.gate import LimitGate
+from celery_durable.planning.capacity import capacity
 from celery_durable.worker.claim_stats import ClaimStats
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.drain import Drain
 from celery_durable.worker.fetchers import Fetcher, fetcher_for
 from celery_durable.worker.held_runs import HeldRun, HeldRuns
-from celery_durable.worker.limit_gate import LimitGate
 from celery_durable.worker.redis_restore import RedisRestorer
 
 logger = logging.getLogger(__name__)
@@ -47,14 +48,16 @@ class WorkerRuntime:
         queues: Sequence[str],
         pool_limit: int,
         republish_connection: Callable[[], Any],
-        clock: Callable[[], float] = monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         stop_requested: Callable[[], bool] = lambda: False,
         new_fetcher: Callable[..., Fetcher] = fetcher_for,
-        gate: LimitGate | None = None,
+        limits: FleetLimits | None = None,
     ) -> None:
         self.config = config
-        #: Fleet limits (worker/limit_gate.py); None when no task this worker knows declares one.
-        self.gate = gate
+        #: Fleet limits (limits/), started before the first claim and stopped by :meth:`close_limits`;
+        #: None when no task this worker knows declares one. The claimer and the count use the gate.
+        self.limits = limits
+        self.gate: LimitGate | None = limits.gate if limits is not None else None
         unconsumed = config.unconsumed_queues(queues)
         if unconsumed:
             # Logged here, not at worker_init: Celery sets its logging up after that signal.
@@ -108,6 +111,8 @@ class WorkerRuntime:
         """
         if self.claimer is not None:
             self.claimer.close()
+        if self.limits is not None:
+            self.limits.start()
         restorer = RedisRestorer.for_connection(connection, self.config.restore_interval, self.holder,
                                                 self.config.lease_ttl)
         self._restorer = restorer
@@ -156,7 +161,7 @@ class WorkerRuntime:
         """Without a hub: run the kicks queued from other threads, then the timers that are due."""
         while self._scheduled:
             self._scheduled.pop(0)()
-        now = self._clock()
+        now = self._clock.monotonic()
         for index, (interval, fn) in enumerate(self.timers):
             if now >= self._timer_due[index]:
                 self._timer_due[index] = now + interval
@@ -324,10 +329,8 @@ class WorkerRuntime:
 
     def close_limits(self) -> None:
         """The worker is leaving: stop publishing parked messages, give back every lease still held."""
-        if self.gate is not None:
-            if self.gate.dispatcher is not None:
-                self.gate.dispatcher.stop()
-            self.gate.close()
+        if self.limits is not None:
+            self.limits.stop()
 
     def stats(self) -> dict[str, Any]:
         """The ``durable`` section of ``celery inspect stats``."""

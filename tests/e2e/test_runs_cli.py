@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
+from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.planning.checkpoints import StepKey
 from celery_durable.store import runs as store_runs
 from celery_durable.store import steps as store_steps
@@ -41,7 +42,7 @@ def _seed(url: str, run_id: str, state: str, *, task: str = "durable.three_steps
             store_runs.settle(conn, run, state, result='"done"' if state == SUCCEEDED else None,
                               error="ValueError('boom')" if state == DEAD else None)
         if finished_days_ago:
-            at = store_runs.now() - timedelta(days=finished_days_ago)
+            at = SYSTEM_CLOCK.now() - timedelta(days=finished_days_ago)
             conn.execute(sa.update(store_runs.runs).where(store_runs.runs.c.id == run_id)
                          .values(finished_at=at, updated_at=at))
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
+from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.store import beat as store
 from celery_durable.store.engine import engine_for, ensure_schema
-from celery_durable.store.runs import now
 from tests.threads import run_together
+
+now = SYSTEM_CLOCK.now
 
 
 def _lead(url: str, holder: str, at, ttl: float = 10.0) -> int | None:

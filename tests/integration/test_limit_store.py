@@ -11,17 +11,20 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.planning.limit_declarations import Rate, Scope
 from celery_durable.planning.limits import RUN, WAIT, Decision, LimitAsk
+from celery_durable.store import limit_declarations, limit_waiting, schema
 from celery_durable.store import limits as store
 from celery_durable.store.engine import autocommit, engine_for, ensure_schema
-from celery_durable.store.runs import now
 from tests.stores import fresh_store
 from tests.threads import run_together
 
+now = SYSTEM_CLOCK.now
 
-def _message(task_id: str) -> store.WaitingMessage:
-    return store.WaitingMessage(task_id=task_id, queue="q", exchange="", routing_key="q", body=b'[[], {}, {}]',
+
+def _message(task_id: str) -> limit_waiting.WaitingMessage:
+    return limit_waiting.WaitingMessage(task_id=task_id, queue="q", exchange="", routing_key="q", body=b'[[], {}, {}]',
                                 headers=json.dumps({"id": task_id}), properties="{}",
                                 content_type="application/json", content_encoding="utf-8")
 
@@ -45,15 +48,15 @@ def test_a_freed_lease_goes_to_the_oldest_waiter_which_takes_it_when_it_comes_ba
     assert [a.verdict for a in answers] == [RUN, RUN, WAIT, WAIT, WAIT]
     assert _release(store_url, "r0", scope) == 1
     with engine_for(store_url).begin() as conn:
-        ready = store.claim_ready(conn, 10, now())
+        ready = limit_waiting.claim_ready(conn, 10, now())
         assert [row.message.task_id for row in ready] == ["r2"]
-        store.forget(conn, [row.id for row in ready])
+        limit_waiting.forget(conn, [row.id for row in ready])
     # A new message arriving now queues behind the waiters; r2, back from the broker, takes its booking.
     answers = _take(store_url, [LimitAsk("t", "new", (scope,), None, WAIT), LimitAsk("t", "r2", (scope,), None, WAIT)])
     assert [a.verdict for a in answers] == [WAIT, RUN]
     with engine_for(store_url).connect() as conn:
         assert store.held(conn, now()) == [("t", "task", "", 2)]
-        assert store.waiting_counts(conn) == [("t", "task", "", 3)]
+        assert limit_waiting.waiting_counts(conn) == [("t", "task", "", 3)]
 
 
 def test_a_dead_holders_lease_is_reclaimed_after_its_ttl(store_url):
@@ -67,7 +70,7 @@ def test_a_dead_holders_lease_is_reclaimed_after_its_ttl(store_url):
     with engine_for(store_url).begin() as conn:
         assert store.sweep(conn, {("t", "key"): 1}, 30.0, t0 + timedelta(seconds=2)) == 0  # still live
         assert store.sweep(conn, {("t", "key"): 1}, 30.0, t0 + timedelta(seconds=4)) == 1  # expired: a2 is next
-        assert [row.message.task_id for row in store.claim_ready(conn, 10, t0 + timedelta(seconds=4))] == ["a2"]
+        assert [row.message.task_id for row in limit_waiting.claim_ready(conn, 10, t0 + timedelta(seconds=4))] == ["a2"]
 
 
 def test_renewal_keeps_a_holders_leases_past_their_first_ttl(store_url):
@@ -89,10 +92,10 @@ def test_an_early_message_waits_for_its_booked_turn_and_runs_on_it(store_url):
     assert [a.verdict for a in answers] == [RUN, WAIT, WAIT]
     assert [a.publish_at for a in answers[1:]] == [t0 + timedelta(seconds=1), t0 + timedelta(seconds=2)]
     with engine_for(store_url).begin() as conn:
-        assert store.claim_ready(conn, 10, t0 + timedelta(seconds=0.5)) == []
-        due = store.claim_ready(conn, 10, t0 + timedelta(seconds=1))
+        assert limit_waiting.claim_ready(conn, 10, t0 + timedelta(seconds=0.5)) == []
+        due = limit_waiting.claim_ready(conn, 10, t0 + timedelta(seconds=1))
         assert [row.message.task_id for row in due] == ["r1"]
-        store.forget(conn, [row.id for row in due])
+        limit_waiting.forget(conn, [row.id for row in due])
     answers = _take(store_url, [LimitAsk("t", "r1", (), rate, WAIT), LimitAsk("t", "late", (), rate, WAIT)],
                     at=t0 + timedelta(seconds=1))
     assert answers[0].verdict == RUN and answers[0].holds_rate_turn
@@ -139,15 +142,15 @@ def test_a_copy_meeting_a_full_scope_while_its_ready_row_is_on_its_way_keeps_tha
     _release(store_url, "r0", scope)  # r1 made ready: booked, publish_at set
     # r1's booking lapses and a newcomer takes the lease before r1's copy arrives.
     with engine_for(store_url).begin() as conn:
-        conn.execute(store.leases.delete().where(store.leases.c.task_id == "r1"))
+        conn.execute(schema.limit_leases.delete().where(schema.limit_leases.c.task_id == "r1"))
     assert _take(store_url, [LimitAsk("t", "new", (scope,), None, WAIT)])[0].verdict == WAIT
     with engine_for(store_url).begin() as conn:
-        conn.execute(store.leases.insert().values(task_name="t", kind="task", key="", task_id="x", holder="h2",
-                                                  expires_at=now() + timedelta(seconds=30)))
+        conn.execute(schema.limit_leases.insert().values(task_name="t", kind="task", key="", task_id="x", holder="h2",
+                                                         expires_at=now() + timedelta(seconds=30)))
     assert _take(store_url, [LimitAsk("t", "r1", (scope,), None, WAIT)])[0].verdict == WAIT
     with engine_for(store_url).connect() as conn:
-        rows = conn.execute(sa.select(store.waiting.c.task_id, store.waiting.c.publish_at)
-                            .order_by(store.waiting.c.id)).all()
+        rows = conn.execute(sa.select(schema.limit_waiting.c.task_id, schema.limit_waiting.c.publish_at)
+                            .order_by(schema.limit_waiting.c.id)).all()
     # r1 waits again in its first place; r2 took the lease the lapse freed (waiters go before newcomers).
     assert [(task_id, publish_at is None) for task_id, publish_at in rows] == [("r1", True), ("r2", False),
                                                                                  ("new", True)]
@@ -169,7 +172,7 @@ def _exchange(url: str, returns: list[store.Return], asks: list[LimitAsk], holde
 
 def _held_ids(url: str) -> list[str]:
     with engine_for(url).connect() as conn:
-        return sorted(conn.execute(sa.select(store.leases.c.task_id)).scalars())
+        return sorted(conn.execute(sa.select(schema.limit_leases.c.task_id)).scalars())
 
 
 def test_exchange_takes_leases_only_when_all_fit_and_gives_back_first(pg_url):
@@ -207,8 +210,8 @@ def test_exchange_reclaims_a_dead_holders_expired_lease(pg_url):
     scope = Scope("t", "task", "", 1)
     t0 = now()
     with engine_for(pg_url).begin() as conn:
-        conn.execute(store.leases.insert().values(task_name="t", kind="task", key="", task_id="dead", holder="gone",
-                                                  expires_at=t0 - timedelta(seconds=1)))
+        conn.execute(schema.limit_leases.insert().values(task_name="t", kind="task", key="", task_id="dead",
+                                                         holder="gone", expires_at=t0 - timedelta(seconds=1)))
     assert _exchange(pg_url, [], [LimitAsk("t", "r", (scope,), None, WAIT)], at=t0) == (True, False)
     assert _held_ids(pg_url) == ["r"]
 
@@ -256,7 +259,7 @@ def test_exchange_never_over_the_limit_beside_the_general_path(pg_url):
 
 def _declare(url: str, holder: str, limit: int, ttl: float = 30.0) -> dict[tuple[str, str], tuple[int, int]]:
     with engine_for(url).begin() as conn:
-        return store.declare(conn, holder, {("t", "task"): limit}, ttl, now())
+        return limit_declarations.declare(conn, holder, {("t", "task"): limit}, ttl, now())
 
 
 def test_the_lowest_limit_a_live_worker_declares_applies_to_every_worker(store_url):

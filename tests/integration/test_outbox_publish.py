@@ -24,6 +24,7 @@ from celery_durable.outbox.publishing.outcome import BatchPublished
 from celery_durable.outbox.relay import Relay
 from celery_durable.store import outbox as store
 from celery_durable.store.outbox import OutboxRow
+from celery_durable.testing.clock import FakeClock
 from celery_durable.worker.signals import connect_install
 from tests.e2e.harness import wait_for
 from tests.faultproxy import FaultProxy
@@ -35,8 +36,8 @@ SEP = "\x06\x16"
 FIXED_NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
 
-def fixed_now() -> datetime:
-    return FIXED_NOW
+#: Stands still: both publishes of a row read the same now.
+FIXED = FakeClock(now=FIXED_NOW)
 
 
 def make_app(broker: str, store_url: str) -> Celery:
@@ -99,10 +100,10 @@ def test_redis_fast_path_stores_each_message_as_kombu_would(
     sent_from = time.time()
     with app.producer_or_acquire() as producer:
         assert redis_pipeline.handles(producer.connection.transport, producer)
-        per_message = publish_one_by_one(app, producer, rows, fixed_now)
+        per_message = publish_one_by_one(app, producer, rows, FIXED)
     by_kombu = stored_messages(redis_client, queue)
     with app.producer_or_acquire() as producer:
-        batched = publish_batch(app, producer, rows, fixed_now)
+        batched = publish_batch(app, producer, rows, FIXED)
     by_batch = stored_messages(redis_client, queue)
     sent_until = time.time()
 
@@ -138,7 +139,7 @@ def test_a_declared_direct_exchange_is_batched_through_its_binding_table(
         (("b",), {"queue": bound.name, "exchange": bound.exchange.name, "routing_key": "orders"}),
     ])
     with app.producer_or_acquire() as producer:
-        result = publish_batch(app, producer, rows, fixed_now)
+        result = publish_batch(app, producer, rows, FIXED)
     assert result == BatchPublished(sent=2, batched=2)
     stored = stored_messages(redis_client, bound.name)
     assert set(stored) == {row.task_id for row in rows}
@@ -168,7 +169,7 @@ def test_routes_the_fast_path_cannot_reproduce_take_kombus_own_publish_in_order(
     ])
     try:
         with app.producer_or_acquire() as producer:
-            result = publish_batch(app, producer, rows, fixed_now)
+            result = publish_batch(app, producer, rows, FIXED)
         assert result == BatchPublished(sent=5, batched=3, one_by_one=2)
         assert list(stored_messages(redis_client, topic.name)) == [rows[1].task_id]
         assert list(stored_messages(redis_client, foreign_queue)) == [rows[3].task_id]
@@ -241,7 +242,7 @@ def test_rabbitmq_batch_is_published_under_confirms_in_order(
     rows = enqueue_and_claim(amqp_app, user_engine, [((str(i),), {"queue": queue}) for i in range(200)])
     with amqp_app.producer_or_acquire() as producer:
         assert amqp_confirms.handles(producer.connection.transport, producer)
-        result = publish_batch(amqp_app, producer, rows, fixed_now)
+        result = publish_batch(amqp_app, producer, rows, FIXED)
     assert result == BatchPublished(sent=200, batched=200)
     assert drain_amqp(amqp_app, queue, 200) == [row.task_id for row in rows]
 
@@ -256,18 +257,18 @@ def test_rabbitmq_refusal_or_missing_acks_fail_the_whole_batch_and_the_next_one_
         (("ok-2",), {"queue": queue}),
     ])
     with amqp_app.producer_or_acquire() as producer:
-        refused = publish_batch(amqp_app, producer, rows, fixed_now)
+        refused = publish_batch(amqp_app, producer, rows, FIXED)
     assert refused.sent == 0 and refused.error is not None and "NOT_FOUND" in str(refused.error).upper()
 
     # No time at all for the acks: the batch counts as failed (its messages may have gone out).
     good = [rows[0], rows[2]]
     with amqp_app.producer_or_acquire() as producer:
-        timed_out = amqp_confirms.publish(amqp_app, producer, good, fixed_now, timeout=0.0)
+        timed_out = amqp_confirms.publish(amqp_app, producer, good, FIXED, timeout=0.0)
     assert timed_out.sent == 0 and isinstance(timed_out.error, amqp_confirms.ConfirmTimeout)
 
     # The pool's connection was replaced after the timeout; the retry goes through.
     with amqp_app.producer_or_acquire() as producer:
-        retried = publish_batch(amqp_app, producer, good, fixed_now)
+        retried = publish_batch(amqp_app, producer, good, FIXED)
     assert retried == BatchPublished(sent=2, batched=2)
     # The retry delivered both. Before it, ok-1 may have gone out ahead of the refusal, and
     # either may have gone out in the timed-out batch (frames written, acks not awaited: the
@@ -323,7 +324,7 @@ def test_each_published_row_emits_one_task_sent_event_after_its_message(
     rows = enqueue_and_claim(app, user_engine, [((str(i),), {"queue": queue}) for i in range(5)])
     with listening(broker[1]) as events, app.producer_or_acquire() as producer:
         publish = publish_batch if path == "batch" else publish_one_by_one
-        result = publish(app, producer, rows, fixed_now)
+        result = publish(app, producer, rows, FIXED)
         assert result.sent == 5 and result.error is None, result
         assert (result.batched, result.one_by_one) == ((5, 0) if path == "batch" else (0, 5))
         wait_for(lambda: all(events.task_sent(row.task_id) for row in rows), timeout=10,
@@ -347,10 +348,10 @@ def test_a_refused_batch_emits_no_task_sent_event_and_its_retry_emits_each_once(
     good = [rows[0], rows[2]]
     with listening(amqp_app.conf.broker_url) as events:
         with amqp_app.producer_or_acquire() as producer:
-            refused = publish_batch(amqp_app, producer, rows, fixed_now)
+            refused = publish_batch(amqp_app, producer, rows, FIXED)
         assert refused.sent == 0 and refused.error is not None
         with amqp_app.producer_or_acquire() as producer:
-            retried = publish_batch(amqp_app, producer, good, fixed_now)
+            retried = publish_batch(amqp_app, producer, good, FIXED)
         assert retried == BatchPublished(sent=2, batched=2)
         wait_for(lambda: all(events.task_sent(row.task_id) for row in good), timeout=10,
                  what="the retried rows' task-sent events")

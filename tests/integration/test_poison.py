@@ -8,13 +8,13 @@ import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from time import monotonic
 from typing import Any
 
 import pytest
 import redis
 from kombu import Connection, Exchange, Queue
 
+from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.fetchers import RedisFetcher, fetcher_for
 from celery_durable.worker.held_runs import HeldRuns
@@ -117,7 +117,7 @@ class Recorder:
 def _claimer(conn: Any, queue: Queue, handler: Recorder) -> Claimer:
     scheduled: list[Any] = []
     claimer = Claimer(connection=conn, queues=lambda: [queue], held=HeldRuns(8, {queue.name: 8}),
-                      accept=["json"], schedule=scheduled.append, clock=monotonic)
+                      accept=["json"], schedule=scheduled.append, clock=SYSTEM_CLOCK)
     claimer.handler = handler
     return claimer
 

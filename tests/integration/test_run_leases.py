@@ -7,6 +7,7 @@ import time
 import pytest
 from sqlalchemy.engine import Connection
 
+from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.leases.keeper import LeaseKeeper
 from celery_durable.store import runs
 from celery_durable.store.engine import autocommit, ensure_schema
@@ -27,7 +28,7 @@ def begin(conn: Connection, token: str, *, ttl: float = 30.0, resume: str | None
 
 def test_a_second_delivery_of_a_live_run_does_not_start(conn):
     first, started = begin(conn, "a1")
-    assert started and first.lease_holder == "a1" and first.lease_live(runs.now())
+    assert started and first.lease_holder == "a1" and first.lease_live(SYSTEM_CLOCK.now())
     found, started = begin(conn, "a2")
     assert not started
     assert (found.lease_holder, found.attempts, found.state) == ("a1", 1, "running")
@@ -35,7 +36,7 @@ def test_a_second_delivery_of_a_live_run_does_not_start(conn):
 
 def test_an_expired_lease_is_taken_over_and_counted_as_a_lost_attempt(conn):
     begin(conn, "a1", ttl=0.2)
-    wait_for(lambda: not runs.get(conn, "r1").lease_live(runs.now()), timeout=5, what="the lease to expire")
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5, what="the lease to expire")
     taken, started = begin(conn, "a2")
     assert started
     assert (taken.lease_holder, taken.attempts, taken.lost_attempts) == ("a2", 2, 1)
@@ -55,7 +56,7 @@ def test_a_sleeping_run_is_resumed_only_by_its_wake_up(conn):
     begin(conn, "a1")
     assert runs.hand_off_to_sleep(conn, "r1", "a1")
     sleeping = runs.get(conn, "r1")
-    assert (sleeping.state, sleeping.lease_holder, sleeping.lease_live(runs.now())) == ("sleeping", "a1", False)
+    assert (sleeping.state, sleeping.lease_holder, sleeping.lease_live(SYSTEM_CLOCK.now())) == ("sleeping", "a1", False)
     _, started = begin(conn, "copy")  # a redelivered copy, no token
     assert not started
     woken, started = begin(conn, "a2", resume="a1")
@@ -64,7 +65,7 @@ def test_a_sleeping_run_is_resumed_only_by_its_wake_up(conn):
 
 def test_an_outcome_is_written_only_by_the_attempt_holding_the_run(conn):
     old, _ = begin(conn, "a1", ttl=0.2)
-    wait_for(lambda: not runs.get(conn, "r1").lease_live(runs.now()), timeout=5, what="the lease to expire")
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5, what="the lease to expire")
     new, _ = begin(conn, "a2")
     # The old attempt (its store was out longer than the TTL) finishes late: refused.
     assert runs.settle(conn, old, "succeeded", result="1") is None
@@ -83,9 +84,9 @@ def test_renew_pushes_out_only_the_leases_still_held(conn):
 
 def test_reopen_takes_a_dead_run_or_a_stranded_one_but_never_a_live_one(conn):
     begin(conn, "a1", ttl=0.2)
-    assert not runs.reopen(conn, "r1", runs.now() - runs.timedelta(seconds=5))  # still live then
-    wait_for(lambda: not runs.get(conn, "r1").lease_live(runs.now()), timeout=5, what="the lease to expire")
-    assert runs.reopen(conn, "r1", runs.now())
+    assert not runs.reopen(conn, "r1", SYSTEM_CLOCK.now() - runs.timedelta(seconds=5))  # still live then
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5, what="the lease to expire")
+    assert runs.reopen(conn, "r1", SYSTEM_CLOCK.now())
     reopened = runs.get(conn, "r1")
     assert (reopened.state, reopened.lease_holder, reopened.lost_attempts) == ("failed", None, 0)
 
@@ -97,10 +98,10 @@ def test_the_keeper_renews_a_held_lease_past_its_ttl_and_stops_on_release(store_
     deadline = time.monotonic() + 2.0
     # Three TTLs later the lease is still live: the keeper beat every 0.2 s.
     while time.monotonic() < deadline:
-        assert runs.get(conn, "r1").lease_live(runs.now())
+        assert runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now())
         time.sleep(0.05)
     keeper.release(store_url, "r1")
-    wait_for(lambda: not runs.get(conn, "r1").lease_live(runs.now()), timeout=5,
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5,
              what="the lease to expire once released")
 
 
@@ -130,8 +131,8 @@ def test_a_stranded_run_is_handed_to_one_token_that_every_later_copy_keeps(conn)
     from datetime import timedelta
 
     begin(conn, "dead", ttl=0.2, retries=2)
-    wait_for(lambda: not runs.get(conn, "r1").lease_live(runs.now()), timeout=5, what="the lease to lapse")
-    now = runs.now()
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5, what="the lease to lapse")
+    now = SYSTEM_CLOCK.now()
     [stranded] = runs.stranded(conn, now, now - timedelta(seconds=60), 10)
     assert (stranded.retries, stranded.lease_holder) == (2, "dead")
     token = runs.hand_off_to_resend(conn, stranded, "sweep-1", now)
@@ -139,9 +140,9 @@ def test_a_stranded_run_is_handed_to_one_token_that_every_later_copy_keeps(conn)
     handed = runs.get(conn, "r1")
     assert (handed.lease_holder, handed.lease_expires_at, handed.lost_attempts) == ("sweep-1", None, 1)
     # Not again until the resend bound, and then under the same token.
-    assert runs.stranded(conn, runs.now(), runs.now() - timedelta(seconds=60), 10) == []
-    [again] = runs.stranded(conn, runs.now(), runs.now() + timedelta(seconds=1), 10)
-    assert runs.hand_off_to_resend(conn, again, "sweep-2", runs.now()) == "sweep-1"
+    assert runs.stranded(conn, SYSTEM_CLOCK.now(), SYSTEM_CLOCK.now() - timedelta(seconds=60), 10) == []
+    [again] = runs.stranded(conn, SYSTEM_CLOCK.now(), SYSTEM_CLOCK.now() + timedelta(seconds=1), 10)
+    assert runs.hand_off_to_resend(conn, again, "sweep-2", SYSTEM_CLOCK.now()) == "sweep-1"
     assert runs.get(conn, "r1").lost_attempts == 1
     # An old copy without the token finds the run held; the copy with it resumes it, as no lost attempt.
     assert begin(conn, "old-copy")[1] is False
@@ -153,11 +154,11 @@ def test_a_sleeping_run_past_its_wake_up_is_sent_again_under_its_own_token(conn)
     from datetime import timedelta
 
     run, _ = begin(conn, "sleeper")
-    assert runs.hand_off_to_sleep(conn, "r1", "sleeper", runs.now() - timedelta(seconds=5))
-    [overdue] = runs.stranded(conn, runs.now() - timedelta(seconds=1), runs.now(), 10)
+    assert runs.hand_off_to_sleep(conn, "r1", "sleeper", SYSTEM_CLOCK.now() - timedelta(seconds=5))
+    [overdue] = runs.stranded(conn, SYSTEM_CLOCK.now() - timedelta(seconds=1), SYSTEM_CLOCK.now(), 10)
     assert overdue.state == "sleeping"
-    assert runs.hand_off_to_resend(conn, overdue, "unused", runs.now()) == "sleeper"
+    assert runs.hand_off_to_resend(conn, overdue, "unused", SYSTEM_CLOCK.now()) == "sleeper"
     # Due again from now: not sent again within the next TTL.
-    assert runs.stranded(conn, runs.now() - timedelta(seconds=1), runs.now(), 10) == []
+    assert runs.stranded(conn, SYSTEM_CLOCK.now() - timedelta(seconds=1), SYSTEM_CLOCK.now(), 10) == []
     woke, started = begin(conn, "wake", resume="sleeper")
     assert started and woke.lost_attempts == 0

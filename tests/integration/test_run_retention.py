@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import sqlalchemy as sa
 
+from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.store import runs as store_runs
 from celery_durable.store.engine import engine_for, ensure_schema
 from celery_durable.store.schema import DEAD, SUCCEEDED
@@ -13,7 +14,7 @@ from celery_durable.tasks.retention import PURGE_LOCK, purge_runs
 
 
 def _settled(url: str, count: int, state: str, days_ago: float) -> None:
-    at = store_runs.now() - timedelta(days=days_ago)
+    at = SYSTEM_CLOCK.now() - timedelta(days=days_ago)
     with engine_for(url).begin() as conn:
         conn.execute(store_runs.runs.insert(), [
             dict(id=f"{state}-{days_ago}-{n}", task_name="t", queue=None, state=state, attempts=1, args="[]",

@@ -13,7 +13,6 @@ from celery_durable.planning.claim_sweep import (
     MAX_OVERDRAW,
     Ask,
     begin_sweep,
-    capacity,
     next_ask,
     overdraw_after,
     overdrawn,
@@ -284,22 +283,6 @@ def test_share_bound_is_set_only_when_the_share_cut_the_ask():
 )
 def test_rotate(queues, cursor, expected):
     assert rotate(queues, cursor) == expected
-
-
-@pytest.mark.parametrize(
-    "max_in_flight, pool_size, slots, expected",
-    [
-        pytest.param(None, 4, [8, 8], 4, id="no-cap-pool-bounds"),
-        pytest.param(None, 32, [8, 2], 10, id="no-cap-slots-bound"),
-        pytest.param(3, 8, [8, 8], 3, id="cap-bounds"),
-        pytest.param(16, 8, [8, 8], 8, id="cap-above-pool"),
-        pytest.param(16, 32, [2, 3], 5, id="cap-above-slots"),
-        pytest.param(1, 1, [1], 1, id="all-one"),
-        pytest.param(5, 8, [], 0, id="no-queues"),
-    ],
-)
-def test_capacity(max_in_flight, pool_size, slots, expected):
-    assert capacity(max_in_flight, pool_size, slots) == expected
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from celery_durable import shared_dir
 from celery_durable.metrics import count_files
 from celery_durable.metrics import jobs as metrics
 
@@ -29,7 +30,7 @@ def _fork_and_count(*outcomes: str) -> None:
 
 @pytest.fixture
 def shared(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    monkeypatch.setenv(count_files.ENV_VAR, str(tmp_path))
+    monkeypatch.setenv(shared_dir.ENV_VAR, str(tmp_path))
     return tmp_path
 
 
@@ -53,7 +54,7 @@ def test_a_forked_child_does_not_carry_its_parents_counts(shared: Path) -> None:
 
 def test_without_a_shared_directory_counts_stay_in_the_process(monkeypatch: pytest.MonkeyPatch,
                                                               tmp_path: Path) -> None:
-    monkeypatch.delenv(count_files.ENV_VAR, raising=False)
+    monkeypatch.delenv(shared_dir.ENV_VAR, raising=False)
     before = metrics.value(QUEUE, "failed")
     _fork_and_count("failed")
     assert metrics.value(QUEUE, "failed") == before
@@ -70,34 +71,6 @@ def test_a_torn_or_foreign_file_is_skipped_and_a_vanished_directory_is_not_an_er
     gone = shared / "removed-at-shutdown"
     count_files.write(gone, "counts-4-late.json", {(QUEUE, "succeeded"): 1.0})
     assert count_files.read_all(gone, skip="none") == {}
-
-
-def test_share_names_a_fresh_directory_and_unshare_removes_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(count_files.ENV_VAR, raising=False)
-    directory = count_files.share()
-    try:
-        assert directory.is_dir() and os.environ[count_files.ENV_VAR] == str(directory)
-    finally:
-        count_files.unshare(directory)
-    assert not directory.exists() and count_files.ENV_VAR not in os.environ
-
-
-def test_share_removes_the_directory_of_a_worker_that_was_killed(monkeypatch: pytest.MonkeyPatch,
-                                                                 tmp_path: Path) -> None:
-    monkeypatch.setattr(count_files.tempfile, "tempdir", str(tmp_path))
-    child = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
-    child.start()
-    child.join(30)
-    orphan = tmp_path / f"celery-durable-counts-{child.pid}-abc"
-    orphan.mkdir()
-    live = tmp_path / f"celery-durable-counts-{os.getpid()}-def"
-    live.mkdir()
-    directory = count_files.share()
-    try:
-        assert not orphan.exists() and live.exists()
-        assert directory.parent == tmp_path
-    finally:
-        count_files.unshare(directory)
 
 
 def _count_fast_in_child(directory: str, rounds: int) -> None:

@@ -12,17 +12,17 @@ PACKAGE = Path(__file__).resolve().parents[2] / "celery_durable"
 
 #: Bottom first. A module may import from its own layer's other parts and from any layer below.
 LAYERS: list[set[str]] = [
-    {"errors", "faults", "headers", "planning", "compat"},  # pure rules, wire names, and the one door to the host
+    {"errors", "faults", "headers", "clock", "shared_dir", "planning", "compat"},  # pure rules, wire names, the clock
     {"store"},                                    # SQLAlchemy Core over the durable store
     {"config"},                                   # validated settings (reads store.schema's backends)
     {"metrics"},                                  # the registry and every metric
-    {"leases", "tasks", "outbox", "beat"},        # capabilities
+    {"leases", "tasks", "outbox", "beat", "limits"},  # capabilities
     {"worker"},                                   # the -P durable pool, wiring the capabilities
     {"cli", "__init__", "testing"},               # the public surface (testing: the pytest plugin)
 ]
 #: Pure layers import nothing of celery_durable but errors (and the wire names in headers).
 PURE = {"planning": {"errors", "headers"}, "compat": {"errors", "headers"}, "errors": set(), "faults": set(),
-        "headers": set()}
+        "headers": set(), "clock": set(), "shared_dir": set()}
 
 
 def _part(module: str) -> str:

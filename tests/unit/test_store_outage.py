@@ -9,11 +9,11 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
+from celery_durable import shared_dir
 from celery_durable.errors import StoreUnavailable
-from celery_durable.metrics import count_files
+from celery_durable.store import outage
 from celery_durable.store.notify import Waker
 from celery_durable.store.unreachable import is_unreachable, only_dropped
-from celery_durable.tasks import store_outage as outage
 
 
 def refused() -> sa.exc.OperationalError:
@@ -34,7 +34,7 @@ def unavailable(cause: sa.exc.DBAPIError) -> StoreUnavailable:
 
 @pytest.fixture
 def url(monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.delenv(count_files.ENV_VAR, raising=False)  # this process alone: no marker file
+    monkeypatch.delenv(shared_dir.ENV_VAR, raising=False)  # this process alone: no marker file
     return f"postgresql://u@db.invalid/{uuid.uuid4().hex}"
 
 
@@ -88,7 +88,7 @@ def test_a_connection_found_dead_is_no_outage_until_a_fresh_one_fails_too(url, c
 
 def test_the_workers_processes_say_it_once_between_them(url, caplog, monkeypatch, tmp_path):
     caplog.set_level(logging.WARNING, logger="celery_durable.store")
-    monkeypatch.setenv(count_files.ENV_VAR, str(tmp_path))
+    monkeypatch.setenv(shared_dir.ENV_VAR, str(tmp_path))
     outage.failed(url, refused(), "durable.lease.renew_failed")
     # Another process of the worker (its own state, the same marker) meets the same outage.
     monkeypatch.setattr(outage, "_down", set())

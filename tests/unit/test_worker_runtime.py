@@ -12,7 +12,9 @@ from uuid import uuid4
 import pytest
 from kombu import Connection, Queue
 
+from celery_durable.clock import Clock
 from celery_durable.config import DurableConfig
+from celery_durable.testing.clock import FakeClock
 from celery_durable.worker.claimer import Claimer
 from celery_durable.worker.runtime import WorkerRuntime
 
@@ -80,7 +82,7 @@ class Worker:
     """
 
     def __init__(self, connection: Connection, queue_names: list[str], *, pool_limit: int,
-                 config: DurableConfig, clock: Callable[[], float],
+                 config: DurableConfig, clock: Clock,
                  republish: Callable[[], AbstractContextManager[Connection]]) -> None:
         self.queues = [Queue(name) for name in queue_names]
         self.scheduled: list[Callable[[], None]] = []
@@ -113,18 +115,6 @@ class Worker:
         # The claimer's stats are the only view of its idle wait short of a
         # delivery (which the tests also check).
         return set(self.claimer.stats().idle_waiting_on)
-
-
-class FakeClock:
-    """A clock the test moves; counts its reads so a test knows a thread has read it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.reads = 0
-
-    def __call__(self) -> float:
-        self.reads += 1
-        return self.now
 
 
 @contextmanager
@@ -180,10 +170,10 @@ def make_worker(connection: Connection) -> Iterator[Callable[..., Worker]]:
     made: list[Worker] = []
 
     def make(queue_names: list[str], *, pool_limit: int = 4, config: DurableConfig | None = None,
-             clock: Callable[[], float] = lambda: 0.0,
+             clock: Clock | None = None,
              republish: Callable[[], AbstractContextManager[Connection]] = memory_connection) -> Worker:
         worker = Worker(connection, queue_names, pool_limit=pool_limit, config=config or DurableConfig(),
-                        clock=clock, republish=republish)
+                        clock=clock or FakeClock(), republish=republish)
         made.append(worker)
         worker.claimer.start()
         return worker
@@ -248,11 +238,11 @@ def test_without_a_hub_kicks_wait_for_run_scheduled_and_the_safety_timer_kicks_o
 
         passes_at = {}
         for step in range(9):  # t = 0, 0.25, ..., 2.0
-            clock.now = step * 0.25
+            clock.set(step * 0.25)
             # Two loop iterations at each instant: a timer's kick is queued by one and run by the next.
             runtime.run_scheduled()
             runtime.run_scheduled()
-            passes_at[clock.now] = claimer.passes
+            passes_at[step * 0.25] = claimer.passes
     finally:
         claimer.close()
 
@@ -579,9 +569,9 @@ def test_the_drain_hands_back_only_what_is_still_held_when_its_clock_passes_the_
     runtime.drain.start()
     wait_for(lambda: clock.reads > reads_before)  # the drain has read its deadline off the clock
     runtime.run_finished(worker.request(finishes))
-    clock.now = 29.0
+    clock.set(29.0)
     assert runtime.drain.handed_back == []
-    clock.now = 30.0
+    clock.set(30.0)
     runtime.drain.join()
 
     assert [run.message for run in runtime.drain.handed_back] == [worker.request(overruns).message]
@@ -722,7 +712,7 @@ def test_the_drain_hands_back_runs_the_pool_never_got_as_soon_as_the_pool_has_no
     wait_for(lambda: len(runtime.drain.handed_back) == 2)
     runtime.drain.join()
 
-    assert clock.now == 0.0  # long before the deadline
+    assert clock.monotonic() == 0.0  # long before the deadline
     assert sorted(run.message.headers["id"] for run in runtime.drain.handed_back) == sorted([eta, waiting_for_token])
     assert sorted(message.headers["id"] for message in take_all(connection, q)) == sorted([eta, waiting_for_token])
     # A late ETA callback for a handed-back run does not start it beside its requeued copy.

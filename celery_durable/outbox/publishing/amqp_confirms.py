@@ -14,10 +14,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from celery_durable.clock import Clock
 from celery_durable.compat.amqp import publish_unconfirmed
 from celery_durable.compat.host_types import AmqpChannel
 from celery_durable.compat.kombu_publish import producer_batch_seam_free
-from celery_durable.outbox.publishing.outcome import BatchPublished, Now
+from celery_durable.outbox.publishing.outcome import BatchPublished
 from celery_durable.outbox.publishing.task_message import Captured, RowSender
 from celery_durable.store.outbox import OutboxRow
 
@@ -38,9 +39,9 @@ def handles(transport: Any, producer: Any) -> bool:
     return getattr(transport, "driver_name", None) == "py-amqp" and producer_batch_seam_free(producer)
 
 
-def publish(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now,
+def publish(app: Any, producer: Any, rows: Sequence[OutboxRow], clock: Clock,
             *, timeout: float = CONFIRM_TIMEOUT) -> BatchPublished:
-    sender = RowSender(app, producer, now)
+    sender = RowSender(app, producer, clock)
     captured: list[Captured] = []
     build_error: BaseException | None = None
     for row in rows:

@@ -5,42 +5,43 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from celery_durable.outbox.publishing.outcome import BatchPublished, Now
+from celery_durable.clock import Clock
+from celery_durable.outbox.publishing.outcome import BatchPublished
 from celery_durable.outbox.publishing.task_message import RowSender
 from celery_durable.store.outbox import OutboxRow
 
 
-def publish_batch(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> BatchPublished:
+def publish_batch(app: Any, producer: Any, rows: Sequence[OutboxRow], clock: Clock) -> BatchPublished:
     """Publish ``rows`` through ``producer``: Redis in one MULTI/EXEC, RabbitMQ under publisher confirms.
 
     Other transports (the SQLAlchemy and memory ones among them) publish one
     message at a time, as ``apply_async`` would.
     """
-    published = _publish(app, producer, rows, now)
+    published = _publish(app, producer, rows, clock)
     if published.sent == 0 and _lost_connection(producer, published.error) and _reconnect(producer):
         # A pooled connection the broker dropped (a broker restart, an operator
         # closing connections) fails on its first use. Kombu's own publish
         # retries once over a fresh connection; so does a batch, now rather
         # than after the relay's backoff. Whatever a failed batch left on the
         # broker goes out again under the same task ids either way.
-        published = _publish(app, producer, rows, now)
+        published = _publish(app, producer, rows, clock)
     return published
 
 
-def _publish(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> BatchPublished:
+def _publish(app: Any, producer: Any, rows: Sequence[OutboxRow], clock: Clock) -> BatchPublished:
     from celery_durable.outbox.publishing import amqp_confirms, redis_pipeline
 
     transport = producer.connection.transport
     if redis_pipeline.handles(transport, producer):
-        return redis_pipeline.publish(app, producer, rows, now)
+        return redis_pipeline.publish(app, producer, rows, clock)
     if amqp_confirms.handles(transport, producer):
-        return amqp_confirms.publish(app, producer, rows, now)
-    return publish_one_by_one(app, producer, rows, now)
+        return amqp_confirms.publish(app, producer, rows, clock)
+    return publish_one_by_one(app, producer, rows, clock)
 
 
-def publish_one_by_one(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> BatchPublished:
+def publish_one_by_one(app: Any, producer: Any, rows: Sequence[OutboxRow], clock: Clock) -> BatchPublished:
     """Kombu's per-message path, in id order, stopping at the first failure."""
-    sender = RowSender(app, producer, now)
+    sender = RowSender(app, producer, clock)
     for index, row in enumerate(rows):
         try:
             sender.send(row)

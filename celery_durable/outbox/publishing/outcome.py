@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 
 
 @dataclass(frozen=True)
@@ -23,5 +21,3 @@ class BatchPublished:
     #: ... and how many took kombu's per-message path.
     one_by_one: int = 0
 
-
-Now = Callable[[], datetime]

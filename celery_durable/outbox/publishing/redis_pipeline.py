@@ -26,10 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from celery_durable.clock import Clock
 from celery_durable.compat.host_types import RedisChannel
 from celery_durable.compat.kombu_publish import producer_batch_seam_free, record_redis_put, redis_batch_supported
 from celery_durable.compat.redis_channel import channel_client
-from celery_durable.outbox.publishing.outcome import BatchPublished, Now
+from celery_durable.outbox.publishing.outcome import BatchPublished
 from celery_durable.outbox.publishing.task_message import Captured, RowSender
 from celery_durable.store.outbox import OutboxRow
 
@@ -52,9 +53,9 @@ class _Pending:
     commands: list[Command] | None
 
 
-def publish(app: Any, producer: Any, rows: Sequence[OutboxRow], now: Now) -> BatchPublished:
+def publish(app: Any, producer: Any, rows: Sequence[OutboxRow], clock: Clock) -> BatchPublished:
     channel: RedisChannel = producer.channel
-    sender = RowSender(app, producer, now)
+    sender = RowSender(app, producer, clock)
     # Building first, writing second: a row that cannot be built stops the
     # batch before anything of it is written, and what comes before it goes
     # out as usual.

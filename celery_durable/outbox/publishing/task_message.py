@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from celery_durable.clock import Clock
 from celery_durable.compat.host_types import HostChannel
 from celery_durable.compat.kombu_publish import producer_batch_seam_free, producer_publishes_to
 from celery_durable.outbox.publishing.sent_events import SentEventEmitter, SentEventRecorder
@@ -56,10 +57,10 @@ class RowSender:
     relay's thread is not the caller's task).
     """
 
-    def __init__(self, app: Any, producer: Any, now: Callable[[], datetime]) -> None:
+    def __init__(self, app: Any, producer: Any, clock: Clock) -> None:
         self.app = app
         self.producer = producer
-        self.now = now
+        self.clock = clock
         self._send_sent_event = bool(app.conf.task_send_sent_event)
         self._sent_events = SentEventRecorder()
         self._emitter: SentEventEmitter | None = None
@@ -122,7 +123,7 @@ class RowSender:
                 self._declared.add(route)
         expires = options.pop("expires", None)
         if expires is not None:
-            options["expiration"] = max(0.0, (datetime.fromisoformat(expires) - self.now()).total_seconds())
+            options["expiration"] = max(0.0, (datetime.fromisoformat(expires) - self.clock.now()).total_seconds())
         # Made at enqueue (or given by the caller); consumed here, not sent as message properties.
         reprs = {"argsrepr": options.pop("argsrepr", None), "kwargsrepr": options.pop("kwargsrepr", None)}
         message = amqp.create_task_message(

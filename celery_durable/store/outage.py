@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy import exc
 
 from celery_durable.errors import StoreUnavailable
-from celery_durable.metrics import count_files
+from celery_durable.shared_dir import shared_dir
 from celery_durable.store.unreachable import is_unreachable, only_dropped
 from celery_durable.store.urls import shown_url
 
@@ -100,7 +100,7 @@ def describe(err: BaseException) -> str:
 
 
 def _marker(url: str) -> str | None:
-    directory = count_files.shared_dir()
+    directory = shared_dir()
     if directory is None:
         return None
     return str(directory / f"store-outage-{hashlib.sha1(url.encode()).hexdigest()[:16]}")

@@ -7,8 +7,10 @@ per claim pass (``store.limits.take_batch``): every lease taken (the run goes
 on to Celery, holding them until its count is given back), or a scope busy
 (the message is parked whole in the store and acked, or acked and dropped),
 or a rate turn later than now (parked until then). A parked message holds no
-slot, burns no attempt and costs no broker traffic while it waits;
-:class:`LimitDispatcher` publishes it again, unchanged, when its turn comes.
+slot, burns no attempt and costs no broker traffic while it waits; the
+dispatcher (``limits/dispatcher.py``) publishes it again, unchanged, when its
+turn comes. The gate wakes it through ``wake``, and keeps the returns the
+store refused for it to try again: it never names the dispatcher.
 
 On PostgreSQL the common case costs one statement (``store.limits.exchange``):
 the leases of the runs that ended since the last pass go back and the pass's
@@ -24,45 +26,26 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from time import monotonic, time
 from typing import Any
 
-from kombu.utils import json as kombu_json
-
-from celery_durable.compat.redis_claim import ack_many
-from celery_durable.headers import (
-    KEY_HEADER,
-    LIMITS_CHANNEL,
-    SENT_AT_HEADER,
-    TASK_ID_HEADER,
-    TASK_NAME_HEADER,
-    WHEN_BUSY_HEADER,
-)
+from celery_durable.clock import SYSTEM_CLOCK, Clock
+from celery_durable.headers import KEY_HEADER, TASK_ID_HEADER, TASK_NAME_HEADER, WHEN_BUSY_HEADER
 from celery_durable.leases.keeper import keeper, new_token
+from celery_durable.limits.declarations import Declarations
+from celery_durable.limits.messages import ack, ack_all, arguments, parked
 from celery_durable.metrics import jobs
 from celery_durable.metrics import limits as limit_metrics
-from celery_durable.planning.limit_declarations import (
-    CONCURRENCY,
-    KEY_LIMIT,
-    TASK_SCOPE,
-    KeyFunctionFailed,
-    Scope,
-    TaskLimits,
-)
+from celery_durable.planning.limit_declarations import KeyFunctionFailed, Scope, TaskLimits
 from celery_durable.planning.limits import BACK, DROP, FAIL, RUN, WAIT, Decision, LimitAsk, RunRoom
 from celery_durable.store import limits as store
-from celery_durable.store.clock import engine_now, store_now
+from celery_durable.store import outage
+from celery_durable.store.clock import StoreClock
 from celery_durable.store.engine import autocommit, engine_for, ensure_schema, unavailable_as_error
-from celery_durable.store.notify import Waker
-from celery_durable.tasks import store_outage as outage
 
 logger = logging.getLogger("celery_durable.limits")
 
 #: Seconds a scope found busy by the general transaction is assumed still busy (see ``_busy_until``).
 BUSY_MEMORY = 0.25
-
-#: Message properties a parked message keeps (the rest are the broker's, per delivery).
-_KEPT_PROPERTIES = ("priority", "correlation_id", "reply_to", "delivery_mode")
 
 
 @dataclass
@@ -96,38 +79,47 @@ class LimitGate:
     """Takes and gives back the fleet-limit leases of one worker's runs."""
 
     def __init__(self, app: Any, limits: Mapping[str, TaskLimits], *, url: str, lease_ttl: float,
-                 clock: Callable[[], datetime] | None = None) -> None:
+                 wake: Callable[[], None] = lambda: None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.app = app
         self.limits = dict(limits)
         self.url = url
         self.lease_ttl = lease_ttl
         #: This worker process: every lease it takes names it, so one statement renews them all.
         self.holder = new_token()
-        #: Leases and rate turns are written and compared in the store's clock (store/clock.py) unless a
-        #: test gives a clock of its own.
         self._clock = clock
+        #: Leases and rate turns are written and compared in the store's time (store/clock.py).
+        self._store_clock = StoreClock(engine_for(url), clock)
         self._grants: dict[str, Grant] = {}
         self._lock = threading.Lock()
-        self.dispatcher: LimitDispatcher | None = None
+        #: Tells the dispatcher that parked messages are due (made ready, or booked a rate turn).
+        self._wake = wake
         self.waited = 0
         self.dropped = 0
-        #: PostgreSQL: a claim pass's runs take their leases, and the ended runs' go back, in one statement.
-        self._fast_path = ensure_schema(url).dialect.name == "postgresql"
+        #: PostgreSQL: a claim pass's runs take their leases, and the ended runs' go back, in one statement
+        #: (known once :meth:`open` has seen the store).
+        self._fast_path = False
         #: Fast path: leases of runs that ended, given back with the next claim pass's take.
         self._ended: list[store.Return] = []
         #: Scopes the general transaction just found busy, until when they are assumed still busy: a
         #: batch touching one skips the fast path, which could only answer "not here" (a flood on one key).
         self._busy_until: dict[Scope, float] = {}
-        #: (task, kind) pairs whose differing declarations this worker has already logged.
-        self._differ_logged: set[tuple[str, str]] = set()
-        keeper().hold_limits(url, self.holder, lease_ttl)
+        self._declarations = Declarations(self.holder, self.limits, lease_ttl)
+        #: Returns the store refused: the dispatcher tries them again each round (the heartbeat renews every
+        #: lease this worker holds, so a lease not given back would never expire).
+        self._refused: deque[store.Return] = deque()
+        self._closed = False
+
+    def open(self) -> None:
+        """Before the first claim: this worker's leases are renewed from now, its limits declared and reported."""
+        self._fast_path = ensure_schema(self.url).dialect.name == "postgresql"
+        keeper().hold_limits(self.url, self.holder, self.lease_ttl)
         try:
-            with unavailable_as_error(url), engine_for(url).begin() as conn:
+            with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
                 self.declare(conn)
         except Exception as err:  # noqa: BLE001 - the dispatcher declares again at each sweep
             logger.warning("durable.limit.declare_failed error=%s: declared again at the dispatcher's next sweep",
                            err, extra={"event": "durable.limit.declare_failed", "error": repr(err)})
-        limit_metrics.watch(url, tuple(self.limits))
+        limit_metrics.watch(self.url, tuple(self.limits))
 
     # -- admission -----------------------------------------------------------------------
     def decides(self, message: Any) -> bool:
@@ -174,7 +166,7 @@ class LimitGate:
                 continue
             task_id = str(headers.get(TASK_ID_HEADER))
             try:
-                args, kwargs = _arguments(message)
+                args, kwargs = arguments(message)
             except Exception:  # noqa: BLE001 - a body Celery cannot read either: its strategy parks it
                 continue
             try:
@@ -192,9 +184,9 @@ class LimitGate:
                 out[index] = self._act(items[index][0], ask, limits, Decision(RUN))
             return out
         self.give_back_ended()  # the general transaction below must see the room they leave
-        parked = [_parked(items[index][0], ask.task_id, items[index][1]) for index, ask, _ in asks]
+        kept = [parked(items[index][0], ask.task_id, items[index][1]) for index, ask, _ in asks]
         with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
-            decisions, made_ready = store.take_batch(conn, [ask for _, ask, _ in asks], parked, holder=self.holder,
+            decisions, made_ready = store.take_batch(conn, [ask for _, ask, _ in asks], kept, holder=self.holder,
                                                      ttl=self.lease_ttl, now=self.now_in(conn), room=room)
         outage.available(self.url)
         wake = made_ready > 0
@@ -207,9 +199,9 @@ class LimitGate:
                 settled.append(message)
             wake = wake or decision.publish_at is not None
         # Parked or dropped: the store has them (or they are done with); the broker lets them go.
-        _ack_all(settled)
+        ack_all(settled)
         if wake:
-            self.wake_dispatcher()
+            self._wake()
         return out
 
     def _took_at_once(self, asks: list[LimitAsk], room: RunRoom | None) -> bool:
@@ -220,7 +212,7 @@ class LimitGate:
                 or len({ask.task_id for ask in asks}) != len(asks)
                 or (room is not None and not room.fits([ask.queue for ask in asks]))):
             return False
-        now = monotonic()
+        now = self._clock.monotonic()
         if any(self._busy_until.get(scope, 0.0) > now for ask in asks for scope in ask.scopes):
             return False  # the general path gives the ended runs' leases back first (give_back_ended)
         if not self._exchange(asks):
@@ -247,7 +239,7 @@ class LimitGate:
         return taken
 
     def _remember_busy(self, scopes: list[Scope]) -> None:
-        now = monotonic()
+        now = self._clock.monotonic()
         if len(self._busy_until) > 1000:
             self._busy_until = {scope: until for scope, until in self._busy_until.items() if until > now}
         for scope in scopes:
@@ -317,16 +309,26 @@ class LimitGate:
             with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
                 made_ready = store.release(conn, returns, holder=self.holder, ttl=self.lease_ttl, now=self.now_in(conn))
         except Exception as err:  # noqa: BLE001 - reported, and tried again: the heartbeat would keep them held
-            retry = self.dispatcher is not None and self.dispatcher.running
             outage.failed(self.url, err, "durable.limit.release_failed", level=logging.WARNING,
-                          then="tried again at the dispatcher's next round" if retry else
-                          "the leases are held until this worker stops", ids=",".join(r.task_id for r in returns))
-            if retry and self.dispatcher is not None:
-                self.dispatcher.give_back_later(returns)
+                          then="their leases expire one TTL after their last renewal" if self._closed else
+                          "tried again at the dispatcher's next round", ids=",".join(r.task_id for r in returns))
+            if not self._closed:
+                self._refused.extendleft(reversed(returns))
             return
         outage.available(self.url)
         if made_ready:
-            self.wake_dispatcher()
+            self._wake()
+
+    def give_back_refused(self) -> None:
+        """Try again the returns the store refused (the dispatcher, each round and when it stops)."""
+        returns = []
+        while True:
+            try:
+                returns.append(self._refused.popleft())
+            except IndexError:
+                break
+        if returns:
+            self.give_back_now(returns)
 
     def held(self) -> dict[str, dict[str, int]]:
         """Leases this worker holds, per task and key (``*`` for the task-wide concurrency)."""
@@ -342,22 +344,20 @@ class LimitGate:
 
     def now(self) -> datetime:
         """Now in the store's clock, outside a transaction (a connection only to read it again)."""
-        return self._clock() if self._clock is not None else engine_now(engine_for(self.url))
+        return self._store_clock.now()
 
     def now_in(self, conn: Any) -> datetime:
         """Now in the store's clock, read on ``conn`` when it is due for reading (no second connection)."""
-        return self._clock() if self._clock is not None else store_now(conn)
-
-    def wake_dispatcher(self) -> None:
-        if self.dispatcher is not None:
-            self.dispatcher.wake()
+        return self._store_clock.now_in(conn)
 
     def close(self) -> None:
         """The worker is leaving: what it still holds goes back, so waiters need not wait out a TTL."""
+        self._closed = True
         keeper().release_limits(self.url, self.holder)
         limit_metrics.unwatch(self.url)
         with self._lock:
             self._ended.clear()  # every lease of this holder goes below
+        self._refused.clear()
         try:
             with unavailable_as_error(self.url), engine_for(self.url).begin() as conn:
                 store.release_holder(conn, self.holder)
@@ -367,30 +367,11 @@ class LimitGate:
                           then="its leases expire one TTL after their last renewal")
 
     def declare(self, conn: Any) -> None:
-        """Write this worker's limits to the store (the lowest live one applies fleet-wide); log, once per
-        task and option, any other worker declaring another value (a rolling deploy changing a limit)."""
-        mine = self.scope_limits()
-        declared = store.declare(conn, self.holder, mine, self.lease_ttl, self.now_in(conn))
-        for pair, (lowest, highest) in declared.items():
-            if lowest == highest or pair in self._differ_logged:
-                continue
-            self._differ_logged.add(pair)
-            task, kind = pair
-            other = highest if mine[pair] == lowest else lowest
-            option = CONCURRENCY if kind == TASK_SCOPE else KEY_LIMIT
-            logger.warning("durable.limit.declarations_differ task=%s option=%s this worker=%s another=%s: "
-                           "the lowest, %s, applies across the fleet", task, option, mine[pair], other, lowest,
-                           extra={"event": "durable.limit.declarations_differ", "task": task, "option": option,
-                                  "declared": mine[pair], "other": other, "applied": lowest})
+        """Write this worker's limits to the store (see ``limits/declarations.py``)."""
+        self._declarations.declare(conn, self.now_in(conn))
 
     def scope_limits(self) -> dict[tuple[str, str], int]:
-        out: dict[tuple[str, str], int] = {}
-        for name, limits in self.limits.items():
-            if limits.concurrency is not None:
-                out[(name, "task")] = limits.concurrency
-            if limits.key is not None:
-                out[(name, "key")] = limits.key_limit
-        return out
+        return self._declarations.mine
 
     # -- a run that cannot run --------------------------------------------------------------
     def _fail(self, task_name: str, task_id: str, queue: str, message: Any, err: KeyFunctionFailed) -> None:
@@ -404,170 +385,4 @@ class LimitGate:
             except NotImplementedError:
                 pass  # no result backend configured: the log line and the counter say it
         jobs.count(queue, "failed")
-        _ack(message)
-
-
-class LimitDispatcher:
-    """Publishes parked messages whose turn came, and reclaims leases whose holder died; one thread per worker.
-
-    Woken at once by this worker's own releases, by a NOTIFY from any
-    worker's (PostgreSQL), and otherwise polls every ``poll_interval``; a
-    message booked for a rate turn is published when that turn is due.
-    """
-
-    def __init__(self, gate: LimitGate, *, poll_interval: float, batch_size: int = 100) -> None:
-        self.gate = gate
-        self.poll_interval = poll_interval
-        self.batch_size = batch_size
-        self.published = 0
-        self._stopping = threading.Event()
-        self._returns: deque[store.Return] = deque()
-        engine = engine_for(gate.url)
-        self._waker = Waker(engine if engine.dialect.name == "postgresql" else None, LIMITS_CHANNEL,
-                            report=self._listened)
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Start the thread (once: a reconnecting consumer calls this again)."""
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, name="durable-limit-dispatcher", daemon=True)
-        self._thread.start()
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping.is_set()
-
-    def wake(self) -> None:
-        self._waker.wake()
-
-    def give_back_later(self, returns: list[store.Return]) -> None:
-        """Returns the store refused: tried again at each round until it takes them (the heartbeat
-        renews every lease this worker holds, so a lease not given back would never expire)."""
-        self._returns.extendleft(reversed(returns))
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._waker.wake()
-        if self._thread is not None:
-            self._thread.join(10.0)
-        self._give_back_queued()
-
-    def _give_back_queued(self) -> None:
-        returns = []
-        while True:
-            try:
-                returns.append(self._returns.popleft())
-            except IndexError:
-                break
-        if returns:
-            self.gate.give_back_now(returns)
-
-    def _run(self) -> None:
-        next_sweep = 0.0
-        try:
-            while not self._stopping.is_set():
-                self._waker.clear()
-                delay = self.poll_interval
-                try:
-                    self.gate.give_back_ended()
-                    self._give_back_queued()
-                    now = self.gate.now()
-                    if now.timestamp() >= next_sweep:
-                        with engine_for(self.gate.url).begin() as conn:
-                            # Declared again each sweep: a worker's declarations outlive a store outage
-                            # that let them expire, and a new worker's differing one is noticed here.
-                            self.gate.declare(conn)
-                            store.sweep(conn, self.gate.scope_limits(), self.gate.lease_ttl, now)
-                        next_sweep = now.timestamp() + min(self.poll_interval, self.gate.lease_ttl / 3.0)
-                    more = self.publish_ready()
-                    if more:
-                        continue
-                    with engine_for(self.gate.url).connect() as conn:
-                        due = store.next_publish_at(conn)
-                    if due is not None:
-                        delay = min(delay, max((due - self.gate.now()).total_seconds(), 0.0))
-                except Exception as err:  # noqa: BLE001 - the store or broker is down: the rows stay, try again
-                    outage.failed(self.gate.url, err, "durable.limit.dispatch_failed", level=logging.WARNING)
-                else:
-                    outage.available(self.gate.url)
-                if delay > 0:
-                    self._waker.wait(delay)
-        finally:
-            self._waker.close()
-
-    def _listened(self, err: BaseException | None) -> None:
-        # Its own LISTEN (on the limits channel, for other workers' releases), not the outbox relay's.
-        if err is None:
-            outage.available(self.gate.url)
-        else:
-            outage.failed(self.gate.url, err, "durable.limit.listen_failed", level=logging.WARNING)
-
-    def publish_ready(self) -> bool:
-        """Publish one batch of due parked messages; True if the batch was full (more may be due)."""
-        with engine_for(self.gate.url).begin() as conn:
-            ready = store.claim_ready(conn, self.batch_size, self.gate.now_in(conn))
-            if not ready:
-                return False
-            with self.gate.app.producer_or_acquire() as producer:
-                for row in ready:
-                    kept = row.message
-                    # Ready again from now: the queue gauges' age counts from this send, not the first.
-                    headers = {**kombu_json.loads(kept.headers), SENT_AT_HEADER: time()}
-                    producer.publish(
-                        kept.body, exchange=kept.exchange, routing_key=kept.routing_key,
-                        headers=headers, content_type=kept.content_type,
-                        content_encoding=kept.content_encoding, serializer=None, retry=True,
-                        **kombu_json.loads(kept.properties),
-                    )
-            # Published, then forgotten in the same transaction: a crash between the two publishes
-            # the message again (at least once), never loses it.
-            store.forget(conn, [row.id for row in ready])
-        self.published += len(ready)
-        return len(ready) == self.batch_size
-
-
-def _ack(message: Any) -> None:
-    if not message.acknowledged:
-        message.ack()
-
-
-def _ack_all(messages: list[Any]) -> None:
-    """Ack ``messages``: Redis ones of one channel in one round trip, others one by one."""
-    pending = [message for message in messages if not message.acknowledged]
-    by_channel: dict[int, list[Any]] = {}
-    for message in pending:
-        by_channel.setdefault(id(message.channel), []).append(message)
-    for group in by_channel.values():
-        if group[0].channel.connection.client.transport.driver_type == "redis":
-            ack_many(group)
-        else:
-            for message in group:
-                message.ack()
-
-
-def _arguments(message: Any) -> tuple[Any, Any]:
-    payload = message.decode()
-    if isinstance(payload, dict):  # task protocol 1
-        return payload.get("args") or (), payload.get("kwargs") or {}
-    args, kwargs = payload[0], payload[1]
-    return args or (), kwargs or {}
-
-
-def _parked(queue: str, task_id: str, message: Any) -> store.WaitingMessage:
-    delivery = message.delivery_info or {}
-    properties = message.properties or {}
-    body = message.body
-    if isinstance(body, str):
-        body = body.encode(message.content_encoding or "utf-8")
-    return store.WaitingMessage(
-        task_id=task_id,
-        queue=queue,
-        exchange=delivery.get("exchange") or "",
-        routing_key=delivery.get("routing_key") or queue,
-        body=bytes(body),
-        headers=kombu_json.dumps(message.headers or {}),
-        properties=kombu_json.dumps({k: properties[k] for k in _KEPT_PROPERTIES if properties.get(k) is not None}),
-        content_type=message.content_type or "application/json",
-        content_encoding=message.content_encoding or "utf-8",
-    )
+        ack(message)
