@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from celery_durable.clock import SYSTEM_CLOCK, Clock
+from celery_durable.compat.host_types import HostMessage
 from celery_durable.headers import KEY_HEADER, TASK_ID_HEADER, TASK_NAME_HEADER, WHEN_BUSY_HEADER
 from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.limits.declarations import Declarations
@@ -122,11 +123,11 @@ class LimitGate:
         limit_metrics.watch(self.url, tuple(self.limits))
 
     # -- admission -----------------------------------------------------------------------
-    def decides(self, message: Any) -> bool:
+    def decides(self, message: HostMessage) -> bool:
         """Whether ``message``'s task declares a fleet limit (the store decides whether it runs)."""
         return str((message.headers or {}).get(TASK_NAME_HEADER)) in self.limits
 
-    def admit_or_hand_back(self, items: list[tuple[str, Any]],
+    def admit_or_hand_back(self, items: list[tuple[str, HostMessage]],
                            room: RunRoom | None = None) -> tuple[list[Admission | None], bool]:
         """:meth:`admit_batch`, and when the store cannot answer, every limited message back to the broker.
 
@@ -150,7 +151,7 @@ class LimitGate:
                 out.append(None)
         return out, True
 
-    def admit_batch(self, items: list[tuple[str, Any]], room: RunRoom | None = None) -> list[Admission | None]:
+    def admit_batch(self, items: list[tuple[str, HostMessage]], room: RunRoom | None = None) -> list[Admission | None]:
         """For each (queue, message): None when its task declares no limit, else what the store decided,
         already acted on (parked or dropped messages acked); one store transaction for all the limited ones.
 
@@ -374,7 +375,7 @@ class LimitGate:
         return self._declarations.mine
 
     # -- a run that cannot run --------------------------------------------------------------
-    def _fail(self, task_name: str, task_id: str, queue: str, message: Any, err: KeyFunctionFailed) -> None:
+    def _fail(self, task_name: str, task_id: str, queue: str, message: HostMessage, err: KeyFunctionFailed) -> None:
         # Settled failed, as a task that raised: the result backend has the error, the message goes.
         logger.error("durable.limit.key_failed id=%s: %s", task_id, err,
                      extra={"event": "durable.limit.key_failed", "task_id": task_id})

@@ -6,6 +6,7 @@ from typing import Any
 
 from kombu.utils import json as kombu_json
 
+from celery_durable.compat.host_types import HostMessage
 from celery_durable.compat.redis_claim import ack_many
 from celery_durable.store.limit_waiting import WaitingMessage
 
@@ -13,12 +14,12 @@ from celery_durable.store.limit_waiting import WaitingMessage
 KEPT_PROPERTIES = ("priority", "correlation_id", "reply_to", "delivery_mode")
 
 
-def ack(message: Any) -> None:
+def ack(message: HostMessage) -> None:
     if not message.acknowledged:
         message.ack()
 
 
-def ack_all(messages: list[Any]) -> None:
+def ack_all(messages: list[HostMessage]) -> None:
     """Ack ``messages``: Redis ones of one channel in one round trip, others one by one."""
     pending = [message for message in messages if not message.acknowledged]
     by_channel: dict[int, list[Any]] = {}
@@ -32,7 +33,7 @@ def ack_all(messages: list[Any]) -> None:
                 message.ack()
 
 
-def arguments(message: Any) -> tuple[Any, Any]:
+def arguments(message: HostMessage) -> tuple[Any, Any]:
     """The task's (args, kwargs), whichever task protocol sent it."""
     payload = message.decode()
     if isinstance(payload, dict):  # task protocol 1
@@ -41,7 +42,7 @@ def arguments(message: Any) -> tuple[Any, Any]:
     return args or (), kwargs or {}
 
 
-def parked(queue: str, task_id: str, message: Any) -> WaitingMessage:
+def parked(queue: str, task_id: str, message: HostMessage) -> WaitingMessage:
     """``message`` as the store keeps it while it waits, to be published again unchanged."""
     delivery = message.delivery_info or {}
     properties = message.properties or {}
