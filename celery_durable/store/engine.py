@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 from celery_durable.errors import SchemaOutdated, StoreUnavailable
 from celery_durable.store.schema import HEAD_REVISION, VERSION_TABLE
 from celery_durable.store.unreachable import CONNECTION_ERRORS
-from celery_durable.store.urls import shown_url
+from celery_durable.store.urls import broker_database, shown_url
 
 #: Where the store lives when ``durable_database_url`` is not set: a file in the working directory.
 DEFAULT_URL = "sqlite:///durable.sqlite"
@@ -37,8 +37,9 @@ _lock = threading.Lock()
 
 
 def store_url(app: Any) -> str:
-    """The durable store URL of a Celery app (``durable_database_url``, or the default SQLite file)."""
-    return resolve_url(app.conf.get("durable_database_url"))
+    """The durable store URL of a Celery app: ``durable_database_url``, else the database of a
+    ``durable+<url>`` broker (one database for both), else the default SQLite file."""
+    return resolve_url(app.conf.get("durable_database_url") or broker_database(app.conf.get("broker_url")))
 
 
 def resolve_url(url: str | None) -> str:
