@@ -11,7 +11,7 @@ from typing import Any
 
 from celery_durable.broker import rows
 from celery_durable.broker.leases import RowLeaseKeeper
-from celery_durable.store.engine import autocommit, ensure_schema
+from celery_durable.store.engine import autocommit, ensure_schema, lazy_commit
 from celery_durable.store.notify import Waker
 
 
@@ -33,6 +33,8 @@ class PgRows:
         self.holder = new_holder()
         # Each call is one statement (a batch insert, a claim's CTE): autocommit spares a BEGIN and a COMMIT.
         self.engine = autocommit(ensure_schema(url))
+        self.lazy = lazy_commit(self.engine)
+        self._acked: list[int] = []
         self._keeper = RowLeaseKeeper(self.renew, lease_ttl)
         self._waker: Waker | None = None
         self._lock = threading.Lock()
@@ -43,19 +45,30 @@ class PgRows:
             rows.insert(conn, outgoing)
 
     def claim(self, queue: str, limit: int) -> list[dict[str, Any]]:
-        taken = rows.claim(self.engine, queue, limit, self.holder, self.lease_ttl)
+        self.flush_acks()
+        taken = rows.claim(self.lazy, queue, limit, self.holder, self.lease_ttl)
         if taken:
             self._keeper.start()
         return [_delivered(row) for row in taken]
 
     def renew(self) -> int:
-        return rows.renew(self.engine, self.holder, self.lease_ttl)
+        self.flush_acks()
+        return rows.renew(self.lazy, self.holder, self.lease_ttl)
 
     def ack(self, tag: Any) -> None:
-        rows.ack(self.engine, [int(tag)], self.holder)
+        # Deleted in one statement with the others acked since, before the next claim, idle wait,
+        # heartbeat or close: acks in batches. Until then the row stays this holder's, renewed.
+        with self._lock:
+            self._acked.append(int(tag))
+
+    def flush_acks(self) -> None:
+        with self._lock:
+            acked, self._acked = self._acked, []
+        if acked:
+            rows.ack(self.lazy, acked, self.holder)
 
     def give_back(self, tag: Any) -> None:
-        rows.give_back(self.engine, [int(tag)], self.holder)
+        rows.give_back(self.lazy, [int(tag)], self.holder)
 
     def size(self, queue: str) -> int:
         return rows.size(self.engine, queue)
@@ -73,10 +86,12 @@ class PgRows:
         self._wakeups().clear()
 
     def wait(self, timeout: float) -> bool:
+        self.flush_acks()
         return self._wakeups().wait(timeout)
 
     def close(self) -> None:
         self._keeper.stop()
+        self.flush_acks()
         if self._waker is not None:
             self._waker.close()
             self._waker = None

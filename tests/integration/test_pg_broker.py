@@ -76,7 +76,22 @@ def test_publish_claim_ack(conn: Connection, db_url: str) -> None:
     assert message.delivery_info["redelivered"] is False
     assert _get(conn) is None  # held: not handed out again
     message.ack()
+    # Acks are deleted in batches, at the latest before the connection's next claim, idle wait or heartbeat.
+    assert _get(conn) is None
     assert _count(db_url) == 0
+
+
+def test_acks_are_one_delete_per_batch(conn: Connection, db_url: str) -> None:
+    for n in range(20):
+        _publish(conn, n)
+    statements: list[str] = []
+    sa.event.listen(conn.transport.rows.lazy, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    with conn.Consumer(_queue(), callbacks=[lambda body, m: m.ack()], prefetch_count=20):
+        conn.drain_events(timeout=5)
+        with pytest.raises(TimeoutError):
+            conn.drain_events(timeout=0.2)
+    assert _count(db_url) == 0
+    assert sum(s.startswith("DELETE FROM durable_broker_messages") for s in statements) == 1
 
 
 def test_a_batch_publish_is_one_statement(conn: Connection, db_url: str) -> None:
