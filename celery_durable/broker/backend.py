@@ -31,6 +31,7 @@ class PgRows:
         self.url = url
         self.lease_ttl = lease_ttl
         self.holder = new_holder()
+        self._pid = os.getpid()
         # Each call is one statement (a batch insert, a claim's CTE): autocommit spares a BEGIN and a COMMIT.
         self.engine = autocommit(ensure_schema(url))
         self.lazy = lazy_commit(self.engine)
@@ -62,12 +63,18 @@ class PgRows:
             self._acked.append(int(tag))
 
     def flush_acks(self) -> None:
+        if os.getpid() != self._pid:
+            return  # the parent's acks, not a forked child's to send
         with self._lock:
             acked, self._acked = self._acked, []
         if acked:
             rows.ack(self.lazy, acked, self.holder)
 
     def give_back(self, tag: Any) -> None:
+        if os.getpid() != self._pid:
+            # A forked pool child running the finalizers it inherited (kombu restores a channel's
+            # unacked messages at exit): those rows are the parent's, live, and stay its.
+            return
         rows.give_back(self.lazy, [int(tag)], self.holder)
 
     def size(self, queue: str) -> int:

@@ -240,3 +240,20 @@ def test_a_sigkilled_holders_rows_come_back_in_place_one_ttl_later(conn: Connect
     assert [m.payload for m in [back, *rest]] == [0, 1, 2]  # in their original order
     assert all(m.delivery_info["redelivered"] for m in [back, *rest])
     assert waited <= TTL + 1.0
+
+
+def test_a_forked_child_never_gives_back_or_acks_its_parents_rows(conn: Connection, db_url: str) -> None:
+    # billiard runs inherited finalizers when a pool child exits; kombu's restores a channel's unacked.
+    _publish(conn, "held")
+    message = _get(conn)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            conn.transport.rows.give_back(message.delivery_tag)
+            conn.transport.rows.ack(message.delivery_tag)
+            conn.transport.rows.flush_acks()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert _get(conn) is None  # still held by the parent
+    assert _count(db_url) == 1
