@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,8 +13,14 @@ from sqlalchemy.engine import Connection, Engine
 
 from celery_durable.store.schema import broker_messages
 
+logger = logging.getLogger(__name__)
+
 #: NOTIFY channel of the insert trigger (migration 0009); the payload is the queue name.
 CHANNEL = "durable_broker"
+
+#: Where a row that is not a kombu message goes: the worker's parking queue name
+#: (``worker.parking.PARKED_SUFFIX``, a layer above; tests/unit/test_broker_urls.py holds them equal).
+PARKED_SUFFIX = ".durable.parked"
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,39 @@ def claim(engine: Engine, queue: str, limit: int, holder: str, ttl: float) -> li
         rows = list(conn.execute(_CLAIM, {"queue": queue, "limit": limit, "holder": holder, "ttl": ttl}))
     # RETURNING follows no order: the claim's order is put back here.
     rows.sort(key=lambda row: (-row.priority, row.id))
-    return [Claimed(row.id, row.queue, row.priority, json.loads(row.payload), row.delivery_count) for row in rows]
+    claimed: list[Claimed] = []
+    poison: list[int] = []
+    for row in rows:
+        payload = _decoded(row.payload)
+        if payload is None:
+            poison.append(row.id)
+            logger.error("durable.broker.parked: row %s of queue %s is not a kombu message; moved to %s",
+                         row.id, row.queue, row.queue + PARKED_SUFFIX,
+                         extra={"event": "durable.broker.parked", "queue": row.queue, "row": row.id})
+        else:
+            claimed.append(Claimed(row.id, row.queue, row.priority, payload, row.delivery_count))
+    if poison:
+        park(engine, poison)
+    return claimed
+
+
+def _decoded(text: str) -> dict[str, Any] | None:
+    """The kombu message a row holds, or None for one that is not (a row written by hand, a bad body)."""
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(payload, dict) or not isinstance(payload.get("properties"), dict):
+        return None
+    return payload
+
+
+def park(engine: Engine, ids: Sequence[int]) -> None:
+    """Move rows to their queue's parking queue, released: kept for an operator, never claimed from it."""
+    table = broker_messages
+    with engine.begin() as conn:
+        conn.execute(table.update().where(table.c.id.in_(list(ids)))
+                     .values(queue=table.c.queue + PARKED_SUFFIX, holder=None, lease_expires_at=None))
 
 
 def renew(engine: Engine, holder: str, ttl: float) -> int:

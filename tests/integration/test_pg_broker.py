@@ -257,3 +257,45 @@ def test_a_forked_child_never_gives_back_or_acks_its_parents_rows(conn: Connecti
     os.waitpid(pid, 0)
     assert _get(conn) is None  # still held by the parent
     assert _count(db_url) == 1
+
+
+@pytest.mark.parametrize("bad", ["not json", '"a string"', '{"body": "no properties"}'])
+def test_a_row_that_is_not_a_kombu_message_is_parked_and_the_rest_delivered(conn: Connection, db_url: str,
+                                                                            bad: str) -> None:
+    _publish(conn, "before")
+    with ensure_schema(db_url).begin() as c:
+        c.execute(sa.text("INSERT INTO durable_broker_messages (queue, payload) VALUES ('q', :p)"), {"p": bad})
+    _publish(conn, "after")
+    got = []
+    with conn.Consumer(_queue(), callbacks=[lambda body, m: (got.append(body), m.ack())], prefetch_count=10):
+        conn.drain_events(timeout=5)
+    assert got == ["before", "after"]
+    with ensure_schema(db_url).connect() as c:
+        parked = c.execute(sa.text("SELECT queue, payload, holder FROM durable_broker_messages "
+                                   "WHERE queue <> 'q'")).all()
+    assert [tuple(r) for r in parked] == [("q.durable.parked", bad, None)]
+
+
+def test_an_unreachable_database_is_kombus_connection_error() -> None:
+    from kombu.exceptions import OperationalError
+
+    register()
+    # A port nothing listens on: refused at once.
+    with Connection("durable+postgresql://postgres@127.0.0.1:9/test?connect_timeout=2") as conn:
+        # connect() raises the transport's own connection error (as redis-py's on Redis); the retrying
+        # paths (Celery's publish retry, the consumer's reconnect) catch exactly these.
+        with pytest.raises(conn.connection_errors):
+            conn.connect()
+        with pytest.raises(OperationalError):
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
+
+
+def test_celerys_publish_to_an_unreachable_database_raises_kombus_operational_error() -> None:
+    from celery import Celery
+    from kombu.exceptions import OperationalError
+
+    register()
+    app = Celery("unreachable", broker="durable+postgresql://postgres@127.0.0.1:9/test", set_as_current=False)
+    with pytest.raises(OperationalError):
+        app.send_task("anything", retry=False)
+    app.close()

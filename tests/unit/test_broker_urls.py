@@ -41,3 +41,10 @@ def test_a_store_url_the_app_sets_wins_over_the_brokers() -> None:
 
 def test_another_broker_leaves_the_default_store() -> None:
     assert from_celery_conf({"broker_url": "redis://localhost:6379/0"}).database_url is None
+
+
+def test_the_brokers_parking_suffix_is_the_workers() -> None:
+    from celery_durable.broker.rows import PARKED_SUFFIX as BROKER
+    from celery_durable.worker.parking import PARKED_SUFFIX as WORKER
+
+    assert BROKER == WORKER
