@@ -193,11 +193,12 @@ def gives_back_in_place(channel: Any) -> bool:
     """Whether a message taken on ``channel`` and given back goes ahead of the ones sent after it.
 
     Redis: restored to the head of its list (``compat.redis_claim.restore_in_front``); RabbitMQ: a
-    rejected message is requeued in its place. kombu's virtual transports (the SQLAlchemy broker)
-    put it back as a new message, behind the rest: a pass there takes no more than its room, or a
-    key's messages given back would run after its newer ones.
+    rejected message is requeued in its place; the PostgreSQL broker (driver ``durable``) clears the
+    row's holder, its id kept. kombu's other virtual transports (the SQLAlchemy broker) put it back
+    as a new message, behind the rest: a pass there takes no more than its room, or a key's messages
+    given back would run after its newer ones.
     """
-    return channel.connection.client.transport.driver_type in ("redis", "amqp")
+    return channel.connection.client.transport.driver_type in ("redis", "amqp", "durable")
 
 
 def give_back_in_place(messages: list[Any]) -> None:
@@ -205,7 +206,7 @@ def give_back_in_place(messages: list[Any]) -> None:
 
     Redis restores them to the head of their lists (kombu's requeue would put
     them at the tail, behind newer messages); RabbitMQ requeues a rejected
-    message in its place.
+    message in its place, and so does the PostgreSQL broker.
     """
     if messages[0].channel.connection.client.transport.driver_type == "redis":
         redis_claim.restore_in_front(messages)

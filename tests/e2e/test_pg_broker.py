@@ -12,6 +12,7 @@ import pytest
 
 from celery_durable.broker import register
 from tests.e2e.harness import Scenario, wait_for
+from tests.e2e.test_fairness_and_cap import assert_strict_turns
 from tests.stores import fresh_store
 
 TTL = 3.0
@@ -19,10 +20,10 @@ TTL = 3.0
 
 @pytest.fixture
 def pg_scenario(tmp_path: Path) -> Iterator[Scenario]:
-    """A scenario whose broker (and durable store) is a fresh PostgreSQL schema, queues ``a`` and ``b``."""
+    """A scenario whose broker (and durable store) is a fresh PostgreSQL schema, queues ``a``, ``b``, ``c``."""
     register()  # the producer's own process resolves durable+ too
     with fresh_store("postgresql", tmp_path) as url:
-        s = Scenario("durable", f"durable+{url}", ["a", "b"])
+        s = Scenario("durable", f"durable+{url}", ["a", "b", "c"])
         try:
             yield s
         finally:
@@ -69,3 +70,12 @@ def test_a_sigkilled_workers_acks_late_task_runs_on_another_within_a_lease_ttl(p
     wait_for(lambda: s.labelled("end", "held"), timeout=30, what="the task to end on the survivor")
     wait_for(lambda: s.broker_depth("a") == 0, timeout=10, what="its row acked")
     assert survivor.terminate() == 0
+
+
+def test_three_backlogged_queues_at_cap_one_run_in_strict_turns_on_a_durable_worker(pg_scenario: Scenario) -> None:
+    s = pg_scenario
+    for i in range(6):
+        for name in ("a", "b", "c"):
+            s.send(name, f"{name}{i}")
+    worker = s.worker(conf={"durable_max_in_flight": 1, "durable_lease_ttl": TTL}, concurrency=1).wait_ready()
+    assert_strict_turns(s, worker, "abc", rounds=6)
