@@ -52,6 +52,15 @@ class PgRows:
             self._keeper.start()
         return [_delivered(row) for row in taken]
 
+    def claim_pass(self, queues: Sequence[str], free: Sequence[int],
+                   room: int | None) -> list[tuple[str, int, int, list[dict[str, Any]]]]:
+        """A whole claim pass in one statement: each ask that took rows as (queue, count, taken, payloads)."""
+        self.flush_acks()
+        asks = rows.claim_pass(self.lazy, queues, free, room, self.holder, self.lease_ttl)
+        if asks:
+            self._keeper.start()
+        return [(ask.queue, ask.count, ask.taken, [_delivered(row) for row in ask.claimed]) for ask in asks]
+
     def renew(self) -> int:
         self.flush_acks()
         return rows.renew(self.lazy, self.holder, self.lease_ttl)

@@ -66,6 +66,12 @@ _CLAIM = sa.text(
     " RETURNING m.id, m.queue, m.priority, m.payload, m.delivery_count"
 )
 
+# The whole pass (migration 0009's function): the claim sweep server-side, one statement for every queue.
+_CLAIM_PASS = sa.text(
+    "SELECT r_ask, r_queue, r_asked, r_id, r_priority, r_payload, r_delivery_count "
+    "FROM durable_broker_claim_pass(CAST(:queues AS text[]), CAST(:free AS int[]), :room, :holder, :ttl)"
+)
+
 _RENEW = sa.text(
     "UPDATE durable_broker_messages SET lease_expires_at = now() + make_interval(secs => :ttl) "
     "WHERE holder = :holder"
@@ -96,14 +102,54 @@ def claim(engine: Engine, queue: str, limit: int, holder: str, ttl: float) -> li
         payload = _decoded(row.payload)
         if payload is None:
             poison.append(row.id)
-            logger.error("durable.broker.parked: row %s of queue %s is not a kombu message; moved to %s",
-                         row.id, row.queue, row.queue + PARKED_SUFFIX,
-                         extra={"event": "durable.broker.parked", "queue": row.queue, "row": row.id})
+            _log_parked(row.id, row.queue)
         else:
             claimed.append(Claimed(row.id, row.queue, row.priority, payload, row.delivery_count))
     if poison:
         park(engine, poison)
     return claimed
+
+
+@dataclass(frozen=True)
+class PassAsk:
+    """One ask of a pass the database ran: the queue, the count asked, how many rows it took, those readable."""
+
+    queue: str
+    count: int
+    taken: int
+    claimed: list[Claimed]
+
+
+def claim_pass(engine: Engine, queues: Sequence[str], free: Sequence[int], room: int | None, holder: str,
+               ttl: float) -> list[PassAsk]:
+    """Run a whole claim pass over ``queues`` (in that order) in one statement; the asks that took rows."""
+    with engine.begin() as conn:
+        rows = list(conn.execute(_CLAIM_PASS, {"queues": list(queues), "free": list(free),
+                                               "room": -1 if room is None else room, "holder": holder,
+                                               "ttl": ttl}))
+    rows.sort(key=lambda row: (row.r_ask, -row.r_priority, row.r_id))
+    asks: list[PassAsk] = []
+    poison: list[int] = []
+    for row in rows:
+        if not asks or len(asks) < row.r_ask:
+            asks.append(PassAsk(row.r_queue, row.r_asked, 0, []))
+        ask = asks[-1]
+        payload = _decoded(row.r_payload)
+        asks[-1] = PassAsk(ask.queue, ask.count, ask.taken + 1, ask.claimed)
+        if payload is None:
+            poison.append(row.r_id)
+            _log_parked(row.r_id, row.r_queue)
+        else:
+            ask.claimed.append(Claimed(row.r_id, row.r_queue, row.r_priority, payload, row.r_delivery_count))
+    if poison:
+        park(engine, poison)
+    return asks
+
+
+def _log_parked(row_id: int, queue: str) -> None:
+    logger.error("durable.broker.parked: row %s of queue %s is not a kombu message; moved to %s",
+                 row_id, queue, queue + PARKED_SUFFIX,
+                 extra={"event": "durable.broker.parked", "queue": queue, "row": row_id})
 
 
 def _decoded(text: str) -> dict[str, Any] | None:

@@ -98,6 +98,12 @@ class RowChannel(virtual.Channel):
         limit = UNLIMITED_BATCH if room is None else room
         return self.rows.claim(queue, limit) if limit > 0 else []
 
+    def adopt(self, payload: dict[str, Any]) -> Any:
+        """A claimed payload as kombu's message, held unacked by this channel (what ``basic_get`` does)."""
+        message = self.Message(payload, channel=self)  # type: ignore[no-untyped-call]
+        self.qos.append(message, message.delivery_tag)
+        return message
+
     def _size(self, queue: str) -> int:
         return self.rows.size(queue)
 

@@ -137,6 +137,41 @@ class RedisFetcher:
         return results
 
 
+class PgFetcher:
+    """``durable+postgresql://``: the claim sweep runs in the database (``durable_broker_claim_pass``)."""
+
+    def __init__(self, channel: Any, accept: Any) -> None:
+        self._channel = channel
+        self._rows = channel.rows
+        self._accept = prepare_accept_content(accept)
+        self.round_trips = 0
+
+    def fetch(self, queue: Any, count: int, keep_going: Callable[[], bool]) -> Iterator[Any]:
+        """An ask of one queue: a pass over it alone (one statement)."""
+        wanted = count
+        while wanted > 0:
+            asks = self.claim_pass([queue.name], {queue.name: wanted}, wanted)
+            taken = sum(ask.taken for ask in asks)
+            messages = [message for ask in asks for message in ask.messages]
+            yield from messages
+            # A row the claim parked (not a kombu message) cost the ask one: ask again for it,
+            # unless the queue ran dry. Only poison costs a second statement.
+            wanted = wanted - len(messages) if taken == wanted and keep_going() else 0
+
+    def claim_pass(self, order: Sequence[str], free: Mapping[str, int], room: int | None) -> list[PassAsk]:
+        queues = list(order)
+        self.round_trips += 1
+        results: list[PassAsk] = []
+        for queue, count, taken, payloads in self._rows.claim_pass(queues, [free[q] for q in queues], room):
+            messages = []
+            for payload in payloads:
+                message = self._channel.adopt(payload)
+                message.accept = self._accept
+                messages.append(message)
+            results.append(PassAsk(queue, count, taken, messages))
+        return results
+
+
 def _readable(channel: Any, client: Any, queue: str, items: list[Any], tags: list[Any]) -> list[Any]:
     """The claimed items Python can read as messages; the others (a body not base64) are parked at once."""
     messages = []
@@ -226,4 +261,6 @@ def fetcher_for(channel: Any, accept: Any, held_key: str | None = None) -> Fetch
         return RedisFetcher(channel, accept, held_key)
     if driver == "amqp" and supports_pipelined_gets(channel):
         return AmqpFetcher(channel, accept)
+    if driver == "durable":
+        return PgFetcher(channel, accept)
     return GetFetcher(channel, accept)

@@ -79,3 +79,21 @@ def test_three_backlogged_queues_at_cap_one_run_in_strict_turns_on_a_durable_wor
             s.send(name, f"{name}{i}")
     worker = s.worker(conf={"durable_max_in_flight": 1, "durable_lease_ttl": TTL}, concurrency=1).wait_ready()
     assert_strict_turns(s, worker, "abc", rounds=6)
+
+
+def test_three_backlogged_queues_among_fifty_run_in_strict_turns_at_cap_one(tmp_path: Path) -> None:
+    # 47 empty queues around the three with work: each pass is one statement over all fifty.
+    register()
+    names = [f"q{i:02d}" for i in range(50)]
+    busy = {"q07": "a", "q23": "b", "q41": "c"}
+    with fresh_store("postgresql", tmp_path) as url:
+        s = Scenario("durable", f"durable+{url}", names)
+        try:
+            for i in range(4):
+                for name in busy:
+                    s.send(name, f"{busy[name]}{i}")
+            worker = s.worker(conf={"durable_max_in_flight": 1, "durable_lease_ttl": TTL},
+                              concurrency=1).wait_ready()
+            assert_strict_turns(s, worker, "abc", rounds=4)
+        finally:
+            s.cleanup()

@@ -299,3 +299,48 @@ def test_celerys_publish_to_an_unreachable_database_raises_kombus_operational_er
     with pytest.raises(OperationalError):
         app.send_task("anything", retry=False)
     app.close()
+
+
+def _planned(queues: list[str], ready: dict[str, int], free: dict[str, int], room: int | None
+             ) -> list[tuple[str, int, int]]:
+    """The pure sweep's asks that take something, given how many rows each queue has ready."""
+    from celery_durable.planning.claim_sweep import begin_sweep, next_ask, record
+
+    left = dict(ready)
+    sweep = begin_sweep(queues, free, room, None)
+    asks = []
+    while True:
+        ask, sweep = next_ask(sweep)
+        if ask is None:
+            return asks
+        got = min(ask.count, left[ask.queue])
+        left[ask.queue] -= got
+        sweep = record(sweep, ask, got)
+        if got:
+            asks.append((ask.queue, ask.count, got))
+
+
+@pytest.mark.parametrize(("ready", "free", "room"), [
+    ({"a": 5, "b": 5, "c": 5}, {"a": 8, "b": 8, "c": 8}, 1),
+    ({"a": 5, "b": 5, "c": 5}, {"a": 8, "b": 8, "c": 8}, 7),
+    ({"a": 9, "b": 0, "c": 1}, {"a": 8, "b": 8, "c": 8}, 6),
+    ({"a": 3, "b": 3, "c": 3}, {"a": 2, "b": 1, "c": 8}, None),
+    ({"a": 20, "b": 2, "c": 20}, {"a": 4, "b": 4, "c": 4}, 10),
+    ({"a": 0, "b": 0, "c": 0}, {"a": 4, "b": 4, "c": 4}, 10),
+    ({"a": 4, "b": 4, "c": 4}, {"a": 0, "b": 4, "c": 4}, 0),
+])
+def test_a_whole_pass_is_one_statement_that_asks_as_the_pure_sweep_plans(
+        db_url: str, ready: dict[str, int], free: dict[str, int], room: int | None) -> None:
+    engine = ensure_schema(db_url)
+    with engine.begin() as c:
+        rows.insert(c, [rows.Outgoing(q, {"properties": {}, "body": f"{q}{i}"})
+                        for i in range(max(ready.values())) for q in ready if i < ready[q]])
+    statements: list[str] = []
+    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    queues = list(ready)
+    asks = rows.claim_pass(engine, queues, [free[q] for q in queues], room, "h", 30)
+    assert len(statements) == 1
+    assert [(a.queue, a.count, a.taken) for a in asks] == _planned(queues, ready, free, room)
+    for ask in asks:  # each ask's rows oldest first
+        assert [c.payload["body"] for c in ask.claimed] == sorted((c.payload["body"] for c in ask.claimed),
+                                                                  key=lambda b: int(b[1:]))
