@@ -11,12 +11,20 @@ PostgreSQL 127.0.0.1:5432 (``DURABLE_TEST_POSTGRES_URL``), a fresh schema per ru
 - idle pickup: ``latency`` messages published one at a time to an idle consumer waiting in
   ``drain_events`` with a 10 s polling interval (only a NOTIFY explains a fast pickup):
   p50 / p99 of delivery - publish.
+
+``--workers N`` adds real workers (``benchmarks/benchapp.py``, Redis 127.0.0.1:6379 for the tally):
+N no-op tasks pre-loaded, then one ``celery worker -P durable`` starts; tasks/s from the first
+task's start to the last one's end, side by side in one run: on Redis, on this broker with one
+queue, and on this broker with the work on the last of 200 queues (prefork -c 2 and threads -c 8).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -117,12 +125,72 @@ def pickup_latency(url: str, samples: int) -> tuple[float, float]:
     return statistics.median(delays) * 1000, delays[int(len(delays) * 0.99) - 1] * 1000
 
 
+WORKER_VARIANTS = (
+    ("durable prefork -c2", ["-P", "durable", "-c", "2"], {"durable_max_in_flight": 2}),
+    ("durable threads -c8", ["-P", "durable", "-c", "8"], {"durable_execution": "threads",
+                                                           "durable_max_in_flight": 8}),
+)
+OBSERVE_URL = os.environ.get("DURABLE_TEST_OBSERVE_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = os.environ.get("DURABLE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def worker_throughput(broker_url: str, queues: list[str], count: int, argv: list[str],
+                      conf: dict[str, object]) -> float:
+    """``count`` no-ops pre-loaded on the last of ``queues``, then one worker on all of them: tasks/s."""
+    import redis
+    from celery import Celery
+
+    observer = redis.Redis.from_url(OBSERVE_URL)
+    key = f"bench:pg:{uuid.uuid4().hex}"
+    producer = Celery("pg-bench-producer", broker=broker_url, set_as_current=False)
+    with producer.producer_or_acquire() as pub:
+        for _ in range(count):
+            producer.send_task("bench.noop", args=[key], queue=queues[-1], producer=pub)
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, BENCH_BROKER=broker_url, BENCH_QUEUES=",".join(queues), BENCH_CONF=json.dumps(conf),
+               BENCH_OBSERVE=OBSERVE_URL,
+               PYTHONPATH=os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]))
+    log = Path("/tmp") / f"pg-bench-{key.rsplit(':', 1)[1][:8]}.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "benchapp", "worker", *argv,
+                                   "-Q", ",".join(queues), "--without-mingle", "--without-gossip",
+                                   "-l", "warning"], cwd=here, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60 + count / 20
+        while int(observer.get(f"{key}:n") or 0) < count:
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the worker did not run {count} tasks: see {log}")
+            time.sleep(0.1)
+        seconds = float(observer.get(f"{key}:last")) - float(observer.get(f"{key}:first"))  # type: ignore[arg-type]
+        return count / seconds
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+        observer.delete(f"{key}:n", f"{key}:first", f"{key}:last")
+        producer.close()
+
+
+def workers(pg_url: str, count: int) -> None:
+    tag = uuid.uuid4().hex[:6]
+    one = [f"pgb-{tag}-one"]
+    many = [f"pgb-{tag}-{i:03d}" for i in range(200)]
+    for name, argv, conf in WORKER_VARIANTS:
+        redis_rate = worker_throughput(REDIS_URL, [f"pgb-{tag}-redis"], count, argv, conf)
+        pg_rate = worker_throughput(pg_url, one, count, argv, conf)
+        pg_many = worker_throughput(pg_url, many, count, argv, conf)
+        print(f"{name}, {count} no-ops: Redis {redis_rate:,.0f}/s; PostgreSQL broker {pg_rate:,.0f}/s "
+              f"({pg_rate / redis_rate:.2f}x Redis); work on the last of 200 queues {pg_many:,.0f}/s "
+              f"({pg_many / pg_rate:.2f}x one queue)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--singles", type=int, default=2_000)
     parser.add_argument("--latency", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=0, metavar="N",
+                        help="also real -P durable workers on N pre-loaded no-ops (Redis vs this broker)")
     args = parser.parse_args()
 
     register()
@@ -144,6 +212,8 @@ def main() -> None:
         p50, p99 = pickup_latency(url, args.latency)
         print(f"idle pickup, publish -> delivery ({args.latency} samples, LISTEN/NOTIFY): "
               f"p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+        if args.workers:
+            workers(url, args.workers)
     finally:
         dispose_all()
         with admin.connect() as c:

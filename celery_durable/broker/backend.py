@@ -105,6 +105,9 @@ class PgRows:
         self.flush_acks()
         return self._wakeups().wait(timeout)
 
+    def wake(self) -> None:
+        self._wakeups().wake()
+
     def close(self) -> None:
         self._keeper.stop()
         self.flush_acks()

@@ -49,7 +49,10 @@ class RowBackend(Protocol):
     def clear_wakeups(self) -> None: ...
 
     def wait(self, timeout: float) -> bool:
-        """Block until a message may have arrived or ``timeout`` seconds pass."""
+        """Block until a message may have arrived, ``wake()`` is called or ``timeout`` seconds pass."""
+
+    def wake(self) -> None:
+        """End a ``wait`` now, from any thread."""
 
     def close(self) -> None: ...
 
@@ -154,6 +157,7 @@ class RowTransport(virtual.Transport):
         super().__init__(client, **kwargs)  # type: ignore[no-untyped-call]
         self._rows: RowBackend | None = None
         self._turn = 0
+        self._kicked = False
 
     def open_rows(self) -> RowBackend:
         raise NotImplementedError
@@ -176,6 +180,13 @@ class RowTransport(virtual.Transport):
                 self._rows.close()
                 self._rows = None
 
+    def wake(self) -> None:
+        """End the current (or next) ``drain_events`` wait now, from any thread: a loop without a hub
+        (``-P durable``'s polling loop) has work queued by another thread (a finished run's kick)."""
+        self._kicked = True
+        if self._rows is not None:
+            self._rows.wake()
+
     def drain_events(self, connection: Any, timeout: float | None = None, **kwargs: Any) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -184,7 +195,8 @@ class RowTransport(virtual.Transport):
                 return
             left = self.polling_interval if deadline is None else min(deadline - time.monotonic(),
                                                                      self.polling_interval)
-            if left <= 0:
+            if left <= 0 or self._kicked:
+                self._kicked = False
                 raise TimeoutError()  # socket.timeout, what kombu's callers catch
             self.rows.wait(left)
 

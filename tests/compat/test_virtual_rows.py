@@ -72,6 +72,9 @@ class MemoryRows:
         self.waits += 1
         return False
 
+    def wake(self) -> None:
+        self.calls.append(("wake", None))
+
     def close(self) -> None:
         self.calls.append(("close", None))
 
@@ -180,3 +183,20 @@ def test_no_fanout_exchange_so_celery_leaves_remote_control_out(conn: Any) -> No
     assert not conn.supports_exchange_type("fanout")
     assert conn.supports_exchange_type("direct")
     assert conn.supports_exchange_type("topic")
+
+
+def test_wake_ends_a_drain_at_once_so_a_loop_without_a_hub_runs_its_queued_kicks(conn: Any) -> None:
+    import time
+
+    conn.connect()
+    conn.transport.wake()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        conn.drain_events(timeout=5)
+    assert time.monotonic() - started < 1.0
+    assert ("wake", None) in BACKEND.calls
+    # Once: the next drain waits its time out again.
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        conn.drain_events(timeout=0.2)
+    assert time.monotonic() - started >= 0.2
