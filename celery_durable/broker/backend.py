@@ -55,8 +55,12 @@ class PgRows:
     def claim_pass(self, queues: Sequence[str], free: Sequence[int],
                    room: int | None) -> list[tuple[str, int, int, list[dict[str, Any]]]]:
         """A whole claim pass in one statement: each ask that took rows as (queue, count, taken, payloads)."""
-        self.flush_acks()
-        asks = rows.claim_pass(self.lazy, queues, free, room, self.holder, self.lease_ttl)
+        acked = self._take_acks()
+        try:
+            asks = rows.claim_pass(self.lazy, queues, free, room, self.holder, self.lease_ttl, acked)
+        except BaseException:
+            self._return_acks(acked)
+            raise
         if asks:
             self._keeper.start()
         return [(ask.queue, ask.count, ask.taken, [_delivered(row) for row in ask.claimed]) for ask in asks]
@@ -71,13 +75,25 @@ class PgRows:
         with self._lock:
             self._acked.append(int(tag))
 
-    def flush_acks(self) -> None:
+    def _take_acks(self) -> list[int]:
         if os.getpid() != self._pid:
-            return  # the parent's acks, not a forked child's to send
+            return []  # the parent's acks, not a forked child's to send
         with self._lock:
             acked, self._acked = self._acked, []
+        return acked
+
+    def _return_acks(self, acked: list[int]) -> None:
+        with self._lock:
+            self._acked[:0] = acked
+
+    def flush_acks(self) -> None:
+        acked = self._take_acks()
         if acked:
-            rows.ack(self.lazy, acked, self.holder)
+            try:
+                rows.ack(self.lazy, acked, self.holder)
+            except BaseException:
+                self._return_acks(acked)  # the next statement deletes them
+                raise
 
     def give_back(self, tag: Any) -> None:
         if os.getpid() != self._pid:

@@ -69,7 +69,8 @@ _CLAIM = sa.text(
 # The whole pass (migration 0009's function): the claim sweep server-side, one statement for every queue.
 _CLAIM_PASS = sa.text(
     "SELECT r_ask, r_queue, r_asked, r_id, r_priority, r_payload, r_delivery_count "
-    "FROM durable_broker_claim_pass(CAST(:queues AS text[]), CAST(:free AS int[]), :room, :holder, :ttl)"
+    "FROM durable_broker_claim_pass(CAST(:queues AS text[]), CAST(:free AS int[]), :room, :holder, :ttl, "
+    "CAST(:acked AS bigint[]))"
 )
 
 _RENEW = sa.text(
@@ -121,12 +122,15 @@ class PassAsk:
 
 
 def claim_pass(engine: Engine, queues: Sequence[str], free: Sequence[int], room: int | None, holder: str,
-               ttl: float) -> list[PassAsk]:
-    """Run a whole claim pass over ``queues`` (in that order) in one statement; the asks that took rows."""
+               ttl: float, acked: Sequence[int] = ()) -> list[PassAsk]:
+    """Run a whole claim pass over ``queues`` (in that order) in one statement; the asks that took rows.
+
+    ``acked``: rows ``holder`` acked since its last statement, deleted by the same statement first.
+    """
     with engine.begin() as conn:
         rows = list(conn.execute(_CLAIM_PASS, {"queues": list(queues), "free": list(free),
                                                "room": -1 if room is None else room, "holder": holder,
-                                               "ttl": ttl}))
+                                               "ttl": ttl, "acked": list(acked)}))
     rows.sort(key=lambda row: (row.r_ask, -row.r_priority, row.r_id))
     asks: list[PassAsk] = []
     poison: list[int] = []

@@ -344,3 +344,22 @@ def test_a_whole_pass_is_one_statement_that_asks_as_the_pure_sweep_plans(
     for ask in asks:  # each ask's rows oldest first
         assert [c.payload["body"] for c in ask.claimed] == sorted((c.payload["body"] for c in ask.claimed),
                                                                   key=lambda b: int(b[1:]))
+
+
+def test_a_pass_deletes_the_holders_acks_in_the_same_statement(db_url: str) -> None:
+    backend = PgRows(db_url, lease_ttl=30)
+    try:
+        with backend.engine.begin() as c:
+            rows.insert(c, [rows.Outgoing("q", {"properties": {}, "body": i}) for i in range(3)])
+        ((queue, count, taken, payloads),) = backend.claim_pass(["q"], [2], None)
+        assert (queue, count, taken) == ("q", 2, 2)
+        for payload in payloads:
+            backend.ack(payload["properties"]["delivery_tag"])
+        statements: list[str] = []
+        sa.event.listen(backend.lazy, "before_cursor_execute", lambda *a: statements.append(a[2]))
+        ((_, _, taken, _),) = backend.claim_pass(["q"], [2], None)
+        assert taken == 1
+        assert len(statements) == 1
+        assert _count(db_url) == 1  # the two acked rows deleted, the third held
+    finally:
+        backend.close()

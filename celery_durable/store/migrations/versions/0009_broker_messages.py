@@ -33,11 +33,12 @@ $$ LANGUAGE plpgsql
 # sweep of planning/claim_sweep.py run server-side, as the Redis pass script runs it. Queues are
 # asked in the given (already rotated) order; an ask takes min(the queue's free slots,
 # ceil(room left / queues not yet asked)); a queue that filled a share smaller than its slots is asked
-# again while room is left. room -1: no process cap. Each ask is the one-queue claim (SKIP LOCKED,
-# holder and lease set); only asks that took rows appear, numbered in the order they were made.
+# again while room is left. room -1: no process cap. The holder's acks (``p_acked``) are deleted
+# first. Each ask is the one-queue claim (SKIP LOCKED, holder and lease set); only asks that took
+# rows appear, numbered in the order they were made.
 CLAIM_PASS_FUNCTION = """
 CREATE OR REPLACE FUNCTION durable_broker_claim_pass(
-    p_queues text[], p_free int[], p_room int, p_holder text, p_ttl float8)
+    p_queues text[], p_free int[], p_room int, p_holder text, p_ttl float8, p_acked bigint[])
 RETURNS TABLE (r_ask int, r_queue text, r_asked int, r_id bigint, r_priority smallint, r_payload text,
                r_delivery_count int) AS $$
 DECLARE
@@ -55,6 +56,10 @@ DECLARE
     v_got int;
     v_ready boolean[];
 BEGIN
+    -- The holder's acks since its last statement, deleted first: a pass is also the ack's round trip.
+    IF coalesce(array_length(p_acked, 1), 0) > 0 THEN
+        DELETE FROM durable_broker_messages WHERE id = ANY(p_acked) AND holder = p_holder;
+    END IF;
     -- Which queues have a ready row at all, in one pass of index probes: the sweep then asks only
     -- those (an ask of an empty queue takes nothing and leaves the sweep as it was), so a pass over
     -- 200 queues with work on one costs one UPDATE, not 200.
@@ -143,7 +148,7 @@ def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP TRIGGER IF EXISTS durable_broker_messages_notify ON durable_broker_messages")
         op.execute("DROP FUNCTION IF EXISTS durable_broker_notify()")
-        op.execute("DROP FUNCTION IF EXISTS durable_broker_claim_pass(text[], int[], int, text, float8)")
+        op.execute("DROP FUNCTION IF EXISTS durable_broker_claim_pass(text[], int[], int, text, float8, bigint[])")
     op.drop_index("ix_durable_broker_messages_holder", table_name="durable_broker_messages")
     op.drop_index("ix_durable_broker_messages_claim", table_name="durable_broker_messages")
     op.drop_table("durable_broker_messages")
