@@ -47,7 +47,7 @@ def test_a_stock_prefork_worker_and_a_durable_worker_run_their_tasks(pg_scenario
     assert durable.terminate() == 0
 
 
-@pytest.mark.parametrize("pool", ["prefork", "durable"])
+@pytest.mark.parametrize("pool", ["prefork", "threads", "durable"])
 def test_a_sigkilled_workers_acks_late_task_runs_on_another_within_a_lease_ttl(pg_scenario: Scenario,
                                                                                 pool: str) -> None:
     s = pg_scenario
