@@ -6,6 +6,7 @@ import functools
 from typing import Any
 
 from celery_durable import outbox
+from celery_durable.broker import register as _register_broker
 from celery_durable.config import DurableConfig, from_celery_conf
 from celery_durable.errors import (
     BeatEntryInvalid,
@@ -70,11 +71,13 @@ def install(app: Any) -> Any:
     "durable"``), adds ``app.durable_task``, adds the worker options
     (``--max-in-flight``, ``--queue-concurrency``, ``--drain-timeout``,
     ``--metrics-port``), makes a revoke of a durable task cancel its run
-    (any pool) and stamps each task message sent with its send time (the
+    (any pool), registers the ``durable+postgresql://`` broker URL (docs/pg-broker.md) and stamps
+    each task message sent with its send time (the
     ``durable_sent_at`` header the queue gauges read). Settings are read and validated when a worker boots; the
     durable store is opened on a durable task's first run.
     """
     _register_pool()
+    _register_broker()
     connect_install()
     add_worker_options(app)
     if not isinstance(getattr(app, "durable_task", None), functools.partial):

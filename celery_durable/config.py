@@ -15,7 +15,7 @@ from sqlalchemy import exc
 
 from celery_durable.errors import ConfigInvalid
 from celery_durable.store.schema import SUPPORTED_BACKENDS
-from celery_durable.store.urls import shown_url
+from celery_durable.store.urls import broker_database, shown_url
 
 #: Slots a queue gets when ``durable_queue_concurrency`` does not name it.
 DEFAULT_QUEUE_SLOTS = 8
@@ -337,6 +337,11 @@ def from_celery_conf(conf: Mapping[str, Any], overrides: Mapping[str, Any] | Non
             value = raw if read is None else read(raw)
             if value is not None:
                 kwargs[config_field.name] = value
+    if "database_url" not in kwargs:
+        # A ``durable+<url>`` broker: one database is broker and store, unless the app says otherwise.
+        from_broker = broker_database(conf.get("broker_url"))
+        if from_broker is not None:
+            kwargs["database_url"] = from_broker
     return DurableConfig(**kwargs)
 
 

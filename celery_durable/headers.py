@@ -48,6 +48,8 @@ HELD_SUFFIX = ".durable_held."
 OUTBOX_CHANNEL = "durable_outbox"
 #: A transaction that made a waiting (fleet-limited) message ready notifies it.
 LIMITS_CHANNEL = "durable_limits"
+#: The PostgreSQL broker's insert trigger (migration 0009) notifies it, with the queue name as payload.
+BROKER_CHANNEL = "durable_broker"
 
 # -- HTTP ------------------------------------------------------------------------------------------------
 #: The dashboard's action token (``durable_dashboard_token``), on each POST.

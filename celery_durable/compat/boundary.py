@@ -16,6 +16,7 @@ HOST_PACKAGES = ("celery", "kombu", "billiard", "amqp", "vine")
 #: Undocumented (public-looking) host names: only compat may use them.
 UNDOCUMENTED_HOST_NAMES = frozenset({
     "ALIASES", "WORKERS_POOL",                            # celery's pool table and -P choices
+    "TRANSPORT_ALIASES",                                  # kombu's transport table (alias+url)
     "should_stop", "should_terminate", "maybe_shutdown",  # celery.worker.state globals
     "asynloop", "synloop", "loop_args",                   # the consumer's loop protocol
     "prepare_steps",                                      # canvas internals

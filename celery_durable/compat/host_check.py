@@ -42,6 +42,14 @@ def _points(user: str, module: str, *attributes: str) -> list[TouchPoint]:
 TOUCH_POINTS: tuple[TouchPoint, ...] = (
     *_points("compat.pool_alias", "celery.concurrency", "ALIASES"),
     *_points("compat.pool_alias", "celery.bin.worker", "WORKERS_POOL.choices"),
+    *_points("compat.transport_alias", "kombu.transport", "TRANSPORT_ALIASES"),
+    # Also relies on Channel._get, Channel._put, Channel._inplace_augment_message and Transport._deliver,
+    # each named once above or below for its first user (a name listed twice is reported twice).
+    *_points("compat.virtual_rows", "kombu.transport.virtual",
+             "Channel._size", "Channel._purge", "Channel._delete",
+             "Channel._new_queue", "Channel._has_queue", "Channel._restore", "Channel._restore_at_beginning",
+             "Channel._get_message_priority", "Channel._lookup", "Transport.drain_events",
+             "QoS.can_consume_max_estimate"),
     *_points("compat.consumer", "celery.worker.consumer.consumer",
              "Consumer._limit_post_eta", "Consumer._restore_prefetch_count_after_connection_restart",
              "Consumer._update_prefetch_count",

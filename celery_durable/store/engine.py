@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 from celery_durable.errors import SchemaOutdated, StoreUnavailable
 from celery_durable.store.schema import HEAD_REVISION, VERSION_TABLE
 from celery_durable.store.unreachable import CONNECTION_ERRORS
-from celery_durable.store.urls import shown_url
+from celery_durable.store.urls import broker_database, shown_url
 
 #: Where the store lives when ``durable_database_url`` is not set: a file in the working directory.
 DEFAULT_URL = "sqlite:///durable.sqlite"
@@ -32,13 +32,16 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _engines: dict[tuple[int, str], Engine] = {}
 #: PostgreSQL engines whose connections are in autocommit from the start (see ``autocommit``).
 _autocommit_engines: dict[tuple[int, str], Engine] = {}
+#: PostgreSQL engines in autocommit whose commits do not wait for the WAL flush (see ``lazy_commit``).
+_lazy_engines: dict[tuple[int, str], Engine] = {}
 _checked: set[tuple[int, str]] = set()
 _lock = threading.Lock()
 
 
 def store_url(app: Any) -> str:
-    """The durable store URL of a Celery app (``durable_database_url``, or the default SQLite file)."""
-    return resolve_url(app.conf.get("durable_database_url"))
+    """The durable store URL of a Celery app: ``durable_database_url``, else the database of a
+    ``durable+<url>`` broker (one database for both), else the default SQLite file."""
+    return resolve_url(app.conf.get("durable_database_url") or broker_database(app.conf.get("broker_url")))
 
 
 def resolve_url(url: str | None) -> str:
@@ -149,6 +152,38 @@ def autocommit(engine: Engine) -> Engine:
     return found
 
 
+def lazy_commit(engine: Engine) -> Engine:
+    """``autocommit`` whose commits do not wait for the WAL flush (``synchronous_commit = off``), PostgreSQL only.
+
+    For statements whose loss in a database crash is harmless and redone (the
+    broker's claims, acks and lease renewals: a claim forgotten leaves its
+    row ready; an ack or a renewal forgotten hands the row out again once its
+    lease lapses, at least once as on every broker). Never for a publish or a
+    checkpoint. Waiting for the flush is most of a one-row DELETE's cost.
+    """
+    url = engine.url.render_as_string(hide_password=False)
+    key = (os.getpid(), url)
+    found = _lazy_engines.get(key)
+    if found is None:
+        with _lock:
+            found = _lazy_engines.get(key)
+            if found is None:
+                found = sa.create_engine(url, isolation_level="AUTOCOMMIT", pool_pre_ping=False,
+                                         connect_args=network_timeouts(url))
+
+                @event.listens_for(found, "connect")
+                def _no_flush_wait(dbapi_conn: Any, _record: Any) -> None:
+                    cursor = dbapi_conn.cursor()
+                    try:
+                        cursor.execute("SET synchronous_commit TO off")
+                    finally:
+                        cursor.close()
+
+                _lazy_engines[key] = found
+                _share_disconnects(engine, found)
+    return found
+
+
 def _share_disconnects(one: Engine, other: Engine) -> None:
     """Two pools to one database drop their idle connections together.
 
@@ -168,10 +203,11 @@ def _share_disconnects(one: Engine, other: Engine) -> None:
 def dispose_all() -> None:
     """Close this process's engines (tests, and a benchmark between databases)."""
     with _lock:
-        for key, engine in list(_autocommit_engines.items()):
-            if key[0] == os.getpid():
-                engine.dispose()
-                del _autocommit_engines[key]
+        for made in (_autocommit_engines, _lazy_engines):
+            for key, engine in list(made.items()):
+                if key[0] == os.getpid():
+                    engine.dispose()
+                    del made[key]
         for (pid, url), engine in list(_engines.items()):
             if pid == os.getpid():
                 engine.dispose()

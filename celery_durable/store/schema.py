@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
 #: The Alembic revision the code reads and writes; a database behind it must be migrated.
-HEAD_REVISION = "0008_run_recovery"
+HEAD_REVISION = "0009_broker_messages"
 
 #: The databases the store's SQL is written for (SQLAlchemy backend names; any driver of them).
 SUPPORTED_BACKENDS = ("postgresql", "sqlite")
@@ -223,4 +223,22 @@ beat_fires = sa.Table(
     sa.Column("term", sa.BigInteger, nullable=False),
     sa.Column("fired_at", UtcDateTime(), nullable=False),
     sa.Index("ix_durable_beat_fires_fired_at", "fired_at"),
+)
+
+#: The PostgreSQL broker's messages (``broker/``): a row is ready when ``visible_at`` has passed and
+#: no live lease holds it; ack deletes it, a requeue clears its holder and keeps its ``id`` (its place).
+broker_messages = sa.Table(
+    "durable_broker_messages",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("queue", sa.String(255), nullable=False),
+    sa.Column("priority", sa.SmallInteger, nullable=False, server_default="0"),
+    sa.Column("payload", sa.Text, nullable=False),  # the kombu message as sent, JSON
+    sa.Column("enqueued_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("visible_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("holder", sa.String(255), nullable=True),
+    sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("delivery_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Index("ix_durable_broker_messages_claim", "queue", sa.text("priority DESC"), "id"),
+    sa.Index("ix_durable_broker_messages_holder", "holder"),
 )

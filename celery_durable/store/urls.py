@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy import exc
 
@@ -28,3 +30,14 @@ def _masked(raw: str) -> str:
         if ":" in userinfo:
             rest = f"{userinfo.split(':', 1)[0]}:***@{after}"
     return f"{scheme}{sep}{rest}"
+
+
+#: A PostgreSQL broker URL: kombu's ``transport+url``, ``durable`` being the alias install() registers.
+BROKER_SCHEME_PREFIX = "durable+"
+
+
+def broker_database(broker_url: Any) -> str | None:
+    """The database URL inside a ``durable+<database url>`` broker URL; None for any other broker."""
+    if isinstance(broker_url, str) and broker_url.startswith(BROKER_SCHEME_PREFIX):
+        return broker_url[len(BROKER_SCHEME_PREFIX):]
+    return None

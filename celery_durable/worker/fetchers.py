@@ -11,7 +11,7 @@ from kombu.serialization import prepare_accept_content
 
 from celery_durable.compat import redis_claim
 from celery_durable.compat.amqp import pipelined_gets, pipelined_ready_counts, supports_pipelined_gets
-from celery_durable.compat.host_types import HostChannel, RedisChannel
+from celery_durable.compat.host_types import HostChannel, HostMessage, RedisChannel
 from celery_durable.compat.redis_channel import channel_client, channel_qos, is_redis
 from celery_durable.compat.transport_guards import guard_channel
 from celery_durable.headers import PARKED_SUFFIX
@@ -139,6 +139,41 @@ class RedisFetcher:
         return results
 
 
+class PgFetcher:
+    """``durable+postgresql://``: the claim sweep runs in the database (``durable_broker_claim_pass``)."""
+
+    def __init__(self, channel: Any, accept: Any) -> None:
+        self._channel = channel
+        self._rows = channel.rows
+        self._accept = prepare_accept_content(accept)
+        self.round_trips = 0
+
+    def fetch(self, queue: Any, count: int, keep_going: Callable[[], bool]) -> Iterator[HostMessage]:
+        """An ask of one queue: a pass over it alone (one statement)."""
+        wanted = count
+        while wanted > 0:
+            asks = self.claim_pass([queue.name], {queue.name: wanted}, wanted)
+            taken = sum(ask.taken for ask in asks)
+            messages = [message for ask in asks for message in ask.messages]
+            yield from messages
+            # A row the claim parked (not a kombu message) cost the ask one: ask again for it,
+            # unless the queue ran dry. Only poison costs a second statement.
+            wanted = wanted - len(messages) if taken == wanted and keep_going() else 0
+
+    def claim_pass(self, order: Sequence[str], free: Mapping[str, int], room: int | None) -> list[PassAsk]:
+        queues = list(order)
+        self.round_trips += 1
+        results: list[PassAsk] = []
+        for queue, count, taken, payloads in self._rows.claim_pass(queues, [free[q] for q in queues], room):
+            messages = []
+            for payload in payloads:
+                message = self._channel.adopt(payload)
+                message.accept = self._accept
+                messages.append(message)
+            results.append(PassAsk(queue, count, taken, messages))
+        return results
+
+
 def _readable(channel: RedisChannel, client: Any, queue: str, items: list[Any], tags: list[Any]) -> list[Any]:
     """The claimed items Python can read as messages; the others (a body not base64) are parked at once."""
     messages = []
@@ -195,11 +230,12 @@ def gives_back_in_place(channel: HostChannel) -> bool:
     """Whether a message taken on ``channel`` and given back goes ahead of the ones sent after it.
 
     Redis: restored to the head of its list (``compat.redis_claim.restore_in_front``); RabbitMQ: a
-    rejected message is requeued in its place. kombu's virtual transports (the SQLAlchemy broker)
-    put it back as a new message, behind the rest: a pass there takes no more than its room, or a
-    key's messages given back would run after its newer ones.
+    rejected message is requeued in its place; the PostgreSQL broker (driver ``durable``) clears the
+    row's holder, its id kept. kombu's other virtual transports (the SQLAlchemy broker) put it back
+    as a new message, behind the rest: a pass there takes no more than its room, or a key's messages
+    given back would run after its newer ones.
     """
-    return channel.connection.client.transport.driver_type in ("redis", "amqp")
+    return channel.connection.client.transport.driver_type in ("redis", "amqp", "durable")
 
 
 def give_back_in_place(messages: list[Any]) -> None:
@@ -207,7 +243,7 @@ def give_back_in_place(messages: list[Any]) -> None:
 
     Redis restores them to the head of their lists (kombu's requeue would put
     them at the tail, behind newer messages); RabbitMQ requeues a rejected
-    message in its place.
+    message in its place, and so does the PostgreSQL broker.
     """
     if messages[0].channel.connection.client.transport.driver_type == "redis":
         redis_claim.restore_in_front(messages)
@@ -224,6 +260,9 @@ def fetcher_for(channel: HostChannel, accept: Any, held_key: str | None = None) 
     guard_channel(channel, POISON_POLICY)
     if is_redis(channel):
         return RedisFetcher(channel, accept, held_key)
-    if channel.connection.client.transport.driver_type == "amqp" and supports_pipelined_gets(channel):
+    driver = channel.connection.client.transport.driver_type
+    if driver == "amqp" and supports_pipelined_gets(channel):
         return AmqpFetcher(channel, accept)
+    if driver == "durable":
+        return PgFetcher(channel, accept)
     return GetFetcher(channel, accept)

@@ -135,7 +135,7 @@ class WorkerRuntime:
             queues=queues,
             held=self.held,
             accept=accept,
-            schedule=schedule if schedule is not None else self._scheduled.append,
+            schedule=schedule if schedule is not None else self._schedule_waking(connection),
             clock=self._clock,
             stop_requested=self._stop_requested,
             before_pass=self.admit_due,
@@ -156,6 +156,19 @@ class WorkerRuntime:
     def kick(self) -> None:
         if self.claimer is not None:
             self.claimer.kick()
+
+    def _schedule_waking(self, connection: Any) -> Callable[[Callable[[], None]], None]:
+        """Without a hub: queue ``fn`` for :meth:`run_scheduled`, and end the transport's wait if it can
+        be ended (the PostgreSQL broker's ``wake``: its drain waits on LISTEN, not a short sleep)."""
+        wake = getattr(getattr(connection, "transport", None), "wake", None)
+        if wake is None:
+            return self._scheduled.append
+
+        def schedule(fn: Callable[[], None]) -> None:
+            self._scheduled.append(fn)
+            wake()
+
+        return schedule
 
     def run_scheduled(self) -> None:
         """Without a hub: run the kicks queued from other threads, then the timers that are due."""

@@ -249,8 +249,9 @@ class WorkerProcess:
 
     @property
     def has_remote_control(self) -> bool:
-        """kombu's SQLAlchemy transport keeps fanout bindings in each process: no broadcast reaches a worker."""
-        return not self._broker_url.startswith("sqla")
+        """kombu's SQLAlchemy transport keeps fanout bindings in each process, and the PostgreSQL broker has
+        no fan-out yet (issue 26): no broadcast reaches a worker."""
+        return not self._broker_url.startswith(("sqla", "durable+"))
 
     def control_app(self) -> Celery:
         """An app whose broadcasts reach this worker: the scenario's (on the broker itself, even when the

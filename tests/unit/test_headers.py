@@ -29,6 +29,7 @@ PINNED = {
     "HELD_SUFFIX": ".durable_held.",
     "OUTBOX_CHANNEL": "durable_outbox",
     "LIMITS_CHANNEL": "durable_limits",
+    "BROKER_CHANNEL": "durable_broker",
     "DASHBOARD_TOKEN_HEADER": "X-Durable-Token",
 }
 

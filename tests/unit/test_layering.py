@@ -16,7 +16,7 @@ LAYERS: list[set[str]] = [
     {"store"},                                    # SQLAlchemy Core over the durable store
     {"config"},                                   # validated settings (reads store.schema's backends)
     {"metrics"},                                  # the registry and every metric
-    {"leases", "tasks", "outbox", "beat", "limits"},  # capabilities
+    {"leases", "tasks", "outbox", "beat", "limits", "broker"},  # capabilities
     {"worker"},                                   # the -P durable pool, wiring the capabilities
     {"cli", "__init__", "testing"},               # the public surface (testing: the pytest plugin)
 ]

@@ -1,0 +1,225 @@
+"""The PostgreSQL broker's transport alone, through kombu's API: publish, claim + ack, idle pickup latency.
+
+    .venv/bin/python benchmarks/pg_broker_bench.py [--messages 20000] [--batch 500] [--singles 2000] [--latency 200]
+
+PostgreSQL 127.0.0.1:5432 (``DURABLE_TEST_POSTGRES_URL``), a fresh schema per run, one process:
+- batch publish: ``messages`` prepared kombu messages, ``basic_publish_many`` in batches of ``batch``
+  (one INSERT each): messages/s;
+- single publish: ``singles`` × ``Producer.publish`` (one INSERT, autocommit, each): messages/s;
+- claim + ack: a consumer (prefetch 100: one claim statement takes up to 100 rows) drains the
+  ``messages`` rows, acking each (the acks deleted in one statement per batch): messages/s;
+- idle pickup: ``latency`` messages published one at a time to an idle consumer waiting in
+  ``drain_events`` with a 10 s polling interval (only a NOTIFY explains a fast pickup):
+  p50 / p99 of delivery - publish.
+
+``--workers N`` adds real workers (``benchmarks/benchapp.py``, Redis 127.0.0.1:6379 for the tally):
+N no-op tasks pre-loaded, then one ``celery worker -P durable`` starts; tasks/s from the first
+task's start to the last one's end, side by side in one run: on Redis, on this broker with one
+queue, and on this broker with the work on the last of 200 queues (prefork -c 2 and threads -c 8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import quote
+
+import sqlalchemy as sa
+from kombu import Connection, Exchange, Queue
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from celery_durable.broker import register
+from celery_durable.store.engine import dispose_all, ensure_schema
+from tests.services import POSTGRES_URL
+
+
+def _queue(name: str) -> Queue:
+    return Queue(name, Exchange(name), name)
+
+
+def batch_publish(conn: Connection, messages: int, batch: int) -> float:
+    channel = conn.default_channel
+    _queue("bulk")(channel).declare()
+    body = channel.encode_body('{"task": "noop", "args": []}')[0]
+    started = time.perf_counter()
+    for first in range(0, messages, batch):
+        prepared = [channel.prepare_message(body, content_type="application/json", content_encoding="utf-8")
+                    for _ in range(min(batch, messages - first))]
+        channel.basic_publish_many(prepared, "bulk", "bulk")
+    return messages / (time.perf_counter() - started)
+
+
+def single_publish(conn: Connection, singles: int) -> float:
+    producer = conn.Producer()
+    queue = _queue("single")
+    producer.publish({"n": 0}, exchange=queue.exchange, routing_key="single", declare=[queue])
+    started = time.perf_counter()
+    for n in range(singles):
+        producer.publish({"n": n}, exchange=queue.exchange, routing_key="single")
+    return singles / (time.perf_counter() - started)
+
+
+def claim_and_ack(conn: Connection, messages: int) -> float:
+    done = 0
+
+    def on_message(body: object, message: object) -> None:
+        nonlocal done
+        message.ack()  # type: ignore[attr-defined]
+        done += 1
+
+    with conn.Consumer(_queue("bulk"), callbacks=[on_message], prefetch_count=100):
+        started = time.perf_counter()
+        while done < messages:
+            conn.drain_events(timeout=5)
+        return messages / (time.perf_counter() - started)
+
+
+def pickup_latency(url: str, samples: int) -> tuple[float, float]:
+    queue = _queue("idle")
+    delays: list[float] = []
+    got = threading.Event()
+    with Connection(url) as consumer_conn, Connection(url) as producer_conn:
+        consumer_conn.transport.polling_interval = 10.0
+        producer = producer_conn.Producer()
+        producer.publish({"warm": True}, exchange=queue.exchange, routing_key="idle", declare=[queue])
+
+        def on_message(body: dict[str, float], message: object) -> None:
+            if "sent" in body:
+                delays.append(time.perf_counter() - body["sent"])
+                got.set()
+            message.ack()  # type: ignore[attr-defined]
+
+        with consumer_conn.Consumer(queue, callbacks=[on_message]):
+            consumer_conn.drain_events(timeout=5)  # the warm-up message
+            stop = threading.Event()
+
+            def consume() -> None:
+                while not stop.is_set():
+                    try:
+                        consumer_conn.drain_events(timeout=0.5)
+                    except TimeoutError:
+                        pass
+
+            thread = threading.Thread(target=consume)
+            thread.start()
+            try:
+                for _ in range(samples):
+                    got.clear()
+                    time.sleep(0.02)  # the consumer is back waiting on LISTEN
+                    producer.publish({"sent": time.perf_counter()}, exchange=queue.exchange, routing_key="idle")
+                    if not got.wait(5):
+                        raise RuntimeError("a message was not picked up within 5 s")
+            finally:
+                stop.set()
+                thread.join()
+    delays.sort()
+    return statistics.median(delays) * 1000, delays[int(len(delays) * 0.99) - 1] * 1000
+
+
+WORKER_VARIANTS = (
+    ("durable prefork -c2", ["-P", "durable", "-c", "2"], {"durable_max_in_flight": 2}),
+    ("durable threads -c8", ["-P", "durable", "-c", "8"], {"durable_execution": "threads",
+                                                           "durable_max_in_flight": 8}),
+)
+OBSERVE_URL = os.environ.get("DURABLE_TEST_OBSERVE_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = os.environ.get("DURABLE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def worker_throughput(broker_url: str, queues: list[str], count: int, argv: list[str],
+                      conf: dict[str, object]) -> float:
+    """``count`` no-ops pre-loaded on the last of ``queues``, then one worker on all of them: tasks/s."""
+    import redis
+    from celery import Celery
+
+    observer = redis.Redis.from_url(OBSERVE_URL)
+    key = f"bench:pg:{uuid.uuid4().hex}"
+    producer = Celery("pg-bench-producer", broker=broker_url, set_as_current=False)
+    with producer.producer_or_acquire() as pub:
+        for _ in range(count):
+            producer.send_task("bench.noop", args=[key], queue=queues[-1], producer=pub)
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, BENCH_BROKER=broker_url, BENCH_QUEUES=",".join(queues), BENCH_CONF=json.dumps(conf),
+               BENCH_OBSERVE=OBSERVE_URL,
+               PYTHONPATH=os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]))
+    log = Path("/tmp") / f"pg-bench-{key.rsplit(':', 1)[1][:8]}.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "benchapp", "worker", *argv,
+                                   "-Q", ",".join(queues), "--without-mingle", "--without-gossip",
+                                   "-l", "warning"], cwd=here, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60 + count / 20
+        while int(observer.get(f"{key}:n") or 0) < count:
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the worker did not run {count} tasks: see {log}")
+            time.sleep(0.1)
+        seconds = float(observer.get(f"{key}:last")) - float(observer.get(f"{key}:first"))  # type: ignore[arg-type]
+        return count / seconds
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+        observer.delete(f"{key}:n", f"{key}:first", f"{key}:last")
+        producer.close()
+
+
+def workers(pg_url: str, count: int) -> None:
+    tag = uuid.uuid4().hex[:6]
+    one = [f"pgb-{tag}-one"]
+    many = [f"pgb-{tag}-{i:03d}" for i in range(200)]
+    for name, argv, conf in WORKER_VARIANTS:
+        redis_rate = worker_throughput(REDIS_URL, [f"pgb-{tag}-redis"], count, argv, conf)
+        pg_rate = worker_throughput(pg_url, one, count, argv, conf)
+        pg_many = worker_throughput(pg_url, many, count, argv, conf)
+        print(f"{name}, {count} no-ops: Redis {redis_rate:,.0f}/s; PostgreSQL broker {pg_rate:,.0f}/s "
+              f"({pg_rate / redis_rate:.2f}x Redis); work on the last of 200 queues {pg_many:,.0f}/s "
+              f"({pg_many / pg_rate:.2f}x one queue)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--singles", type=int, default=2_000)
+    parser.add_argument("--latency", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=0, metavar="N",
+                        help="also real -P durable workers on N pre-loaded no-ops (Redis vs this broker)")
+    args = parser.parse_args()
+
+    register()
+    schema = f"durable_bench_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    db = f"{POSTGRES_URL}?options={quote(f'-csearch_path={schema}')}"
+    url = f"durable+{db}"
+    try:
+        ensure_schema(db)
+        with Connection(url) as conn:
+            published = batch_publish(conn, args.messages, args.batch)
+            print(f"batch publish ({args.batch}/statement): {published:,.0f} messages/s")
+            singles = single_publish(conn, args.singles)
+            print(f"single publish: {singles:,.0f} messages/s")
+            claimed = claim_and_ack(conn, args.messages)
+            print(f"claim + ack (prefetch 100, acks deleted in batches): {claimed:,.0f} messages/s")
+        p50, p99 = pickup_latency(url, args.latency)
+        print(f"idle pickup, publish -> delivery ({args.latency} samples, LISTEN/NOTIFY): "
+              f"p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+        if args.workers:
+            workers(url, args.workers)
+    finally:
+        dispose_all()
+        with admin.connect() as c:
+            c.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
+        admin.dispose()
+
+
+if __name__ == "__main__":
+    main()

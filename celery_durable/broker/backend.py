@@ -1,0 +1,143 @@
+"""One kombu connection's view of the broker's rows: its holder identity, its held rows and their heartbeat."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from celery_durable.broker import rows
+from celery_durable.broker.leases import RowLeaseKeeper
+from celery_durable.store.engine import autocommit, ensure_schema, lazy_commit
+from celery_durable.store.notify import Waker
+
+
+def new_holder() -> str:
+    """A holder name unique to this connection: host, pid and a random part (a pid is reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class PgRows:
+    """The ``RowBackend`` of ``compat.virtual_rows`` on PostgreSQL (see ``broker.rows`` for the SQL).
+
+    The heartbeat starts with the first claim: a producer's connection never
+    holds a row and never runs a thread. Delivery tags are row ids.
+    """
+
+    def __init__(self, url: str, lease_ttl: float) -> None:
+        self.url = url
+        self.lease_ttl = lease_ttl
+        self.holder = new_holder()
+        self._pid = os.getpid()
+        # Each call is one statement (a batch insert, a claim's CTE): autocommit spares a BEGIN and a COMMIT.
+        self.engine = autocommit(ensure_schema(url))
+        self.lazy = lazy_commit(self.engine)
+        self._acked: list[int] = []
+        self._keeper = RowLeaseKeeper(self.renew, lease_ttl)
+        self._waker: Waker | None = None
+        self._lock = threading.Lock()
+
+    def publish(self, items: Sequence[tuple[str, dict[str, Any], int, float]]) -> None:
+        outgoing = [rows.Outgoing(queue, payload, priority, delay) for queue, payload, priority, delay in items]
+        with self.engine.begin() as conn:
+            rows.insert(conn, outgoing)
+
+    def claim(self, queue: str, limit: int) -> list[dict[str, Any]]:
+        self.flush_acks()
+        taken = rows.claim(self.lazy, queue, limit, self.holder, self.lease_ttl)
+        if taken:
+            self._keeper.start()
+        return [_delivered(row) for row in taken]
+
+    def claim_pass(self, queues: Sequence[str], free: Sequence[int],
+                   room: int | None) -> list[tuple[str, int, int, list[dict[str, Any]]]]:
+        """A whole claim pass in one statement: each ask that took rows as (queue, count, taken, payloads)."""
+        acked = self._take_acks()
+        try:
+            asks = rows.claim_pass(self.lazy, queues, free, room, self.holder, self.lease_ttl, acked)
+        except BaseException:
+            self._return_acks(acked)
+            raise
+        if asks:
+            self._keeper.start()
+        return [(ask.queue, ask.count, ask.taken, [_delivered(row) for row in ask.claimed]) for ask in asks]
+
+    def renew(self) -> int:
+        self.flush_acks()
+        return rows.renew(self.lazy, self.holder, self.lease_ttl)
+
+    def ack(self, tag: Any) -> None:
+        # Deleted in one statement with the others acked since, before the next claim, idle wait,
+        # heartbeat or close: acks in batches. Until then the row stays this holder's, renewed.
+        with self._lock:
+            self._acked.append(int(tag))
+
+    def _take_acks(self) -> list[int]:
+        if os.getpid() != self._pid:
+            return []  # the parent's acks, not a forked child's to send
+        with self._lock:
+            acked, self._acked = self._acked, []
+        return acked
+
+    def _return_acks(self, acked: list[int]) -> None:
+        with self._lock:
+            self._acked[:0] = acked
+
+    def flush_acks(self) -> None:
+        acked = self._take_acks()
+        if acked:
+            try:
+                rows.ack(self.lazy, acked, self.holder)
+            except BaseException:
+                self._return_acks(acked)  # the next statement deletes them
+                raise
+
+    def give_back(self, tag: Any) -> None:
+        if os.getpid() != self._pid:
+            # A forked pool child running the finalizers it inherited (kombu restores a channel's
+            # unacked messages at exit): those rows are the parent's, live, and stay its.
+            return
+        rows.give_back(self.lazy, [int(tag)], self.holder)
+
+    def size(self, queue: str) -> int:
+        return rows.size(self.engine, queue)
+
+    def purge(self, queue: str) -> int:
+        return rows.purge(self.engine, queue)
+
+    def _wakeups(self) -> Waker:
+        with self._lock:
+            if self._waker is None:
+                self._waker = Waker(self.engine, channel=rows.CHANNEL)
+            return self._waker
+
+    def clear_wakeups(self) -> None:
+        self._wakeups().clear()
+
+    def wait(self, timeout: float) -> bool:
+        self.flush_acks()
+        return self._wakeups().wait(timeout)
+
+    def wake(self) -> None:
+        self._wakeups().wake()
+
+    def close(self) -> None:
+        self._keeper.stop()
+        self.flush_acks()
+        if self._waker is not None:
+            self._waker.close()
+            self._waker = None
+
+
+def _delivered(row: rows.Claimed) -> dict[str, Any]:
+    """The kombu payload of a claimed row: its row id as the delivery tag, redelivered from the second hand-out."""
+    payload = row.payload
+    properties = payload.setdefault("properties", {})
+    properties["delivery_tag"] = row.id
+    redelivered = row.delivery_count > 1
+    properties.setdefault("delivery_info", {})["redelivered"] = redelivered
+    payload["redelivered"] = redelivered
+    return payload

@@ -1,0 +1,216 @@
+"""The broker's message rows on PostgreSQL: insert, claim under a lease, renew, ack, give back in place."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from celery_durable.headers import BROKER_CHANNEL, PARKED_SUFFIX
+from celery_durable.store.schema import broker_messages
+
+logger = logging.getLogger(__name__)
+
+#: NOTIFY channel of the insert trigger (migration 0009); the payload is the queue name.
+CHANNEL = BROKER_CHANNEL
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A message to insert: its queue, its priority (higher first) and its delay in seconds."""
+
+    queue: str
+    payload: dict[str, Any]
+    priority: int = 0
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A row taken under a lease: its id (the delivery tag), queue, message and how often it was handed out."""
+
+    id: int
+    queue: str
+    priority: int
+    payload: dict[str, Any]
+    delivery_count: int
+
+
+_INSERT = sa.text(
+    "INSERT INTO durable_broker_messages (queue, priority, payload, visible_at) "
+    "SELECT m.queue, m.priority, m.payload, now() + make_interval(secs => m.delay) "
+    "FROM unnest(CAST(:queues AS text[]), CAST(:priorities AS smallint[]), CAST(:payloads AS text[]), "
+    "CAST(:delays AS float8[])) AS m(queue, priority, payload, delay)"
+)
+
+# One statement: the ready rows of a queue in (priority, id) order, skipping rows another
+# consumer has locked, taken with holder and lease set; the database's clock decides both
+# readiness and expiry, so no worker's clock skew hands out a live holder's row.
+_CLAIM = sa.text(
+    "WITH ready AS ("
+    " SELECT id FROM durable_broker_messages"
+    " WHERE queue = :queue AND visible_at <= now()"
+    "   AND (holder IS NULL OR lease_expires_at < now())"
+    " ORDER BY priority DESC, id LIMIT :limit FOR UPDATE SKIP LOCKED)"
+    " UPDATE durable_broker_messages AS m SET holder = :holder,"
+    "   lease_expires_at = now() + make_interval(secs => :ttl), delivery_count = m.delivery_count + 1"
+    " FROM ready WHERE m.id = ready.id"
+    " RETURNING m.id, m.queue, m.priority, m.payload, m.delivery_count"
+)
+
+# The whole pass (migration 0009's function): the claim sweep server-side, one statement for every queue.
+_CLAIM_PASS = sa.text(
+    "SELECT r_ask, r_queue, r_asked, r_id, r_priority, r_payload, r_delivery_count "
+    "FROM durable_broker_claim_pass(CAST(:queues AS text[]), CAST(:free AS int[]), :room, :holder, :ttl, "
+    "CAST(:acked AS bigint[]))"
+)
+
+_RENEW = sa.text(
+    "UPDATE durable_broker_messages SET lease_expires_at = now() + make_interval(secs => :ttl) "
+    "WHERE holder = :holder"
+)
+
+
+def insert(conn: Connection, messages: Sequence[Outgoing]) -> None:
+    """Insert ``messages`` in one statement, in the caller's transaction (visible on its commit)."""
+    if not messages:
+        return
+    conn.execute(_INSERT, {
+        "queues": [m.queue for m in messages],
+        "priorities": [m.priority for m in messages],
+        "payloads": [json.dumps(m.payload) for m in messages],
+        "delays": [max(m.delay, 0.0) for m in messages],
+    })
+
+
+def claim(engine: Engine, queue: str, limit: int, holder: str, ttl: float) -> list[Claimed]:
+    """Take up to ``limit`` ready rows of ``queue`` for ``holder`` under a lease of ``ttl`` seconds, oldest first."""
+    with engine.begin() as conn:
+        rows = list(conn.execute(_CLAIM, {"queue": queue, "limit": limit, "holder": holder, "ttl": ttl}))
+    # RETURNING follows no order: the claim's order is put back here.
+    rows.sort(key=lambda row: (-row.priority, row.id))
+    claimed: list[Claimed] = []
+    poison: list[int] = []
+    for row in rows:
+        payload = _decoded(row.payload)
+        if payload is None:
+            poison.append(row.id)
+            _log_parked(row.id, row.queue)
+        else:
+            claimed.append(Claimed(row.id, row.queue, row.priority, payload, row.delivery_count))
+    if poison:
+        park(engine, poison)
+    return claimed
+
+
+@dataclass(frozen=True)
+class PassAsk:
+    """One ask of a pass the database ran: the queue, the count asked, how many rows it took, those readable."""
+
+    queue: str
+    count: int
+    taken: int
+    claimed: list[Claimed]
+
+
+def claim_pass(engine: Engine, queues: Sequence[str], free: Sequence[int], room: int | None, holder: str,
+               ttl: float, acked: Sequence[int] = ()) -> list[PassAsk]:
+    """Run a whole claim pass over ``queues`` (in that order) in one statement; the asks that took rows.
+
+    ``acked``: rows ``holder`` acked since its last statement, deleted by the same statement first.
+    """
+    with engine.begin() as conn:
+        rows = list(conn.execute(_CLAIM_PASS, {"queues": list(queues), "free": list(free),
+                                               "room": -1 if room is None else room, "holder": holder,
+                                               "ttl": ttl, "acked": list(acked)}))
+    rows.sort(key=lambda row: (row.r_ask, -row.r_priority, row.r_id))
+    asks: list[PassAsk] = []
+    poison: list[int] = []
+    for row in rows:
+        if not asks or len(asks) < row.r_ask:
+            asks.append(PassAsk(row.r_queue, row.r_asked, 0, []))
+        ask = asks[-1]
+        payload = _decoded(row.r_payload)
+        asks[-1] = PassAsk(ask.queue, ask.count, ask.taken + 1, ask.claimed)
+        if payload is None:
+            poison.append(row.r_id)
+            _log_parked(row.r_id, row.r_queue)
+        else:
+            ask.claimed.append(Claimed(row.r_id, row.r_queue, row.r_priority, payload, row.r_delivery_count))
+    if poison:
+        park(engine, poison)
+    return asks
+
+
+def _log_parked(row_id: int, queue: str) -> None:
+    logger.error("durable.broker.parked: row %s of queue %s is not a kombu message; moved to %s",
+                 row_id, queue, queue + PARKED_SUFFIX,
+                 extra={"event": "durable.broker.parked", "queue": queue, "row": row_id})
+
+
+def _decoded(text: str) -> dict[str, Any] | None:
+    """The kombu message a row holds, or None for one that is not (a row written by hand, a bad body)."""
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(payload, dict) or not isinstance(payload.get("properties"), dict):
+        return None
+    return payload
+
+
+def park(engine: Engine, ids: Sequence[int]) -> None:
+    """Move rows to their queue's parking queue, released: kept for an operator, never claimed from it."""
+    table = broker_messages
+    with engine.begin() as conn:
+        conn.execute(table.update().where(table.c.id.in_(list(ids)))
+                     .values(queue=table.c.queue + PARKED_SUFFIX, holder=None, lease_expires_at=None))
+
+
+def renew(engine: Engine, holder: str, ttl: float) -> int:
+    """Extend the lease of every row ``holder`` holds to ``ttl`` seconds from now; how many."""
+    with engine.begin() as conn:
+        return int(conn.execute(_RENEW, {"holder": holder, "ttl": ttl}).rowcount)
+
+
+def ack(engine: Engine, ids: Sequence[int], holder: str) -> int:
+    """Delete the rows ``holder`` still holds among ``ids``; a row another took after a lapse stays theirs."""
+    if not ids:
+        return 0
+    table = broker_messages
+    with engine.begin() as conn:
+        return int(conn.execute(
+            table.delete().where(table.c.id.in_(list(ids)), table.c.holder == holder)).rowcount)
+
+
+def give_back(engine: Engine, ids: Sequence[int], holder: str) -> int:
+    """Clear the holder of ``ids``: each row is ready again in its own place (its id kept)."""
+    if not ids:
+        return 0
+    table = broker_messages
+    with engine.begin() as conn:
+        return int(conn.execute(
+            table.update().where(table.c.id.in_(list(ids)), table.c.holder == holder)
+            .values(holder=None, lease_expires_at=None)).rowcount)
+
+
+def size(engine: Engine, queue: str) -> int:
+    """Rows of ``queue`` ready or held (kombu's ``queue_declare`` message count counts both, as Redis does not)."""
+    table = broker_messages
+    with engine.connect() as conn:
+        found = conn.execute(sa.select(sa.func.count()).select_from(table).where(table.c.queue == queue)).scalar()
+    return int(found or 0)
+
+
+def purge(engine: Engine, queue: str) -> int:
+    """Delete the rows of ``queue`` no live lease holds; how many."""
+    table = broker_messages
+    with engine.begin() as conn:
+        return int(conn.execute(table.delete().where(
+            table.c.queue == queue,
+            sa.or_(table.c.holder.is_(None), table.c.lease_expires_at < sa.func.now()))).rowcount)

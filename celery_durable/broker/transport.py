@@ -1,0 +1,57 @@
+"""The kombu transport ``durable+postgresql://…``: kombu's virtual transport over ``durable_broker_messages``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from celery_durable.broker.backend import PgRows
+from celery_durable.compat.virtual_rows import RowChannel, RowTransport
+from celery_durable.config import DEFAULT_LEASE_TTL, positive_seconds
+from celery_durable.errors import ConfigInvalid, StoreUnavailable
+from celery_durable.store.unreachable import CONNECTION_ERRORS
+
+#: The transport option (``broker_transport_options``) naming the lease TTL; else the app's setting.
+LEASE_TTL_OPTION = "durable_lease_ttl"
+
+
+class Channel(RowChannel):
+    """A channel of the PostgreSQL broker (all its behaviour is ``RowChannel``'s over ``PgRows``)."""
+
+
+class Transport(RowTransport):
+    """Messages are rows of the durable store's database, claimed under leases (docs/pg-broker.md)."""
+
+    Channel = Channel
+    driver_type = "durable"
+    driver_name = "psycopg2"
+    default_port = 5432  # type: ignore[assignment]
+
+    connection_errors = (*RowTransport.connection_errors, *CONNECTION_ERRORS, StoreUnavailable)
+    channel_errors = (*RowTransport.channel_errors, sa.exc.DBAPIError)  # type: ignore[assignment]
+
+    def open_rows(self) -> PgRows:
+        url = database_url(self.client)
+        backend = sa.engine.make_url(url).get_backend_name()
+        if backend != "postgresql":
+            raise ConfigInvalid("broker_url", f"durable+ needs a postgresql:// database URL, got {backend}://")
+        return PgRows(url, lease_ttl(getattr(self.client, "transport_options", None)))
+
+
+def database_url(client: Any) -> str:
+    """The database URL of a ``durable+<url>`` connection (kombu hands the part after ``durable+`` as hostname)."""
+    hostname: str = client.hostname
+    return hostname
+
+
+def lease_ttl(options: Any) -> float:
+    """The TTL of a claimed row's lease: the transport option, else the current app's ``durable_lease_ttl``."""
+    value = options.get(LEASE_TTL_OPTION) if options else None
+    if value is None:
+        # A worker's and a producer's current app is the one they were started with; its
+        # setting is the same TTL the durable runs' leases use.
+        from celery import current_app
+
+        value = current_app.conf.get("durable_lease_ttl")
+    return DEFAULT_LEASE_TTL if value is None else positive_seconds("durable_lease_ttl", value)

@@ -1,0 +1,215 @@
+"""kombu's virtual transport over a table of rows: the private hooks of ``kombu.transport.virtual`` mapped
+onto a plain ``RowBackend`` (the PostgreSQL broker's rows), so the broker itself touches no kombu internal.
+
+The hooks a virtual channel must fill are private names of kombu 5.x
+(``Channel._get``/``_put``/``_size``/``_purge``/``_delete``/``_new_queue``/``_has_queue``,
+``_restore``/``_restore_at_beginning``, ``_get_message_priority``, ``_inplace_augment_message``,
+``Transport._deliver``/``_callbacks``/``_active_queues``); tests/compat/test_virtual_rows.py pins them.
+What changes from kombu's in-memory contract: an unacked message is a leased row, so giving one back
+(``reject(requeue=True)``, ``restore_unacked`` at close, ``basic_recover``) clears its holder in
+place instead of publishing a copy at the tail, and ``drain_events`` waits on the backend's wake-up
+(LISTEN/NOTIFY) instead of sleeping a polling interval. No fan-out exchange: Celery then leaves
+remote control out of the worker by itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from queue import Empty
+from typing import Any, Protocol
+
+from kombu.transport import virtual
+
+#: Rows a channel with no prefetch limit takes in one claim.
+UNLIMITED_BATCH = 100
+
+#: The header naming a delivery delay in milliseconds (the convention of RabbitMQ's delayed-message exchange).
+DELAY_HEADER = "x-delay"
+
+
+class RowBackend(Protocol):
+    """Messages as rows under leases; tags are the backend's own (a row id)."""
+
+    def publish(self, items: Sequence[tuple[str, dict[str, Any], int, float]]) -> None:
+        """Insert (queue, message, priority, delay seconds) items, all in one statement."""
+
+    def claim(self, queue: str, limit: int) -> list[dict[str, Any]]:
+        """Take up to ``limit`` ready messages of ``queue`` under a lease; each carries its delivery tag."""
+
+    def ack(self, tag: Any) -> None: ...
+
+    def give_back(self, tag: Any) -> None:
+        """Make a held message ready again in its own place."""
+
+    def size(self, queue: str) -> int: ...
+
+    def purge(self, queue: str) -> int: ...
+
+    def clear_wakeups(self) -> None: ...
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a message may have arrived, ``wake()`` is called or ``timeout`` seconds pass."""
+
+    def wake(self) -> None:
+        """End a ``wait`` now, from any thread."""
+
+    def close(self) -> None: ...
+
+
+class RowChannel(virtual.Channel):
+    """A virtual channel whose queues are the backend's rows."""
+
+    @property
+    def rows(self) -> RowBackend:
+        rows: RowBackend = self.connection.rows
+        return rows
+
+    def _new_queue(self, queue: str, **kwargs: Any) -> None:
+        pass  # a queue is rows with its name: nothing to create
+
+    def _has_queue(self, queue: str, **kwargs: Any) -> bool:
+        return True
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        self.rows.publish([self._item(queue, message)])
+
+    def _item(self, queue: str, message: dict[str, Any]) -> tuple[str, dict[str, Any], int, float]:
+        headers = message.get("headers") or {}
+        delay = float(headers.get(DELAY_HEADER) or 0) / 1000.0
+        priority: int = self._get_message_priority(message)  # type: ignore[no-untyped-call]
+        return queue, message, priority, delay
+
+    def basic_publish_many(self, messages: Sequence[dict[str, Any]], exchange: str, routing_key: str) -> None:
+        """Publish prepared messages (``prepare_message``) to one routing key in one backend call."""
+        items = []
+        for message in messages:
+            self._inplace_augment_message(message, exchange, routing_key)  # type: ignore[no-untyped-call]
+            for queue in self._lookup(exchange, routing_key):  # type: ignore[no-untyped-call]
+                items.append(self._item(queue, message))
+        self.rows.publish(items)
+
+    def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
+        taken = self.rows.claim(queue, 1)
+        if not taken:
+            raise Empty()
+        return taken[0]
+
+    def claim_for_consumers(self, queue: str) -> list[dict[str, Any]]:
+        """What a consume on ``queue`` may take now: up to the prefetch room left (kombu's QoS)."""
+        room = self.qos.can_consume_max_estimate()
+        limit = UNLIMITED_BATCH if room is None else room
+        return self.rows.claim(queue, limit) if limit > 0 else []
+
+    def adopt(self, payload: dict[str, Any]) -> Any:
+        """A claimed payload as kombu's message, held unacked by this channel (what ``basic_get`` does)."""
+        message = self.Message(payload, channel=self)  # type: ignore[no-untyped-call]
+        self.qos.append(message, message.delivery_tag)
+        return message
+
+    def _size(self, queue: str) -> int:
+        return self.rows.size(queue)
+
+    def _purge(self, queue: str) -> int:
+        return self.rows.purge(queue)
+
+    def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        self.rows.purge(queue)
+
+    def _restore(self, message: Any) -> None:
+        self.rows.give_back(message.delivery_tag)
+
+    def _restore_at_beginning(self, message: Any) -> None:
+        self.rows.give_back(message.delivery_tag)
+
+    def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
+        self.rows.ack(delivery_tag)
+        super().basic_ack(delivery_tag, multiple)  # type: ignore[no-untyped-call]
+
+    def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        if not requeue:
+            self.rows.ack(delivery_tag)
+        super().basic_reject(delivery_tag, requeue=requeue)  # type: ignore[no-untyped-call]
+
+    @property
+    def consuming(self) -> list[str]:
+        """The queues this channel consumes from, when its QoS has room."""
+        if not self._consumers or not self.qos.can_consume():
+            return []
+        return list(self._active_queues)
+
+
+class RowTransport(virtual.Transport):
+    """A virtual transport whose ``drain_events`` claims rows and waits on the backend between claims."""
+
+    Channel = RowChannel
+
+    implements = virtual.Transport.implements.extend(
+        asynchronous=False,
+        exchange_type=frozenset(["direct", "topic"]),
+        heartbeats=False,
+    )
+
+    #: Longest wait between two claims when no wake-up comes (a lost NOTIFY, a lapsed lease, an ETA row).
+    polling_interval = 1.0
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)  # type: ignore[no-untyped-call]
+        self._rows: RowBackend | None = None
+        self._turn = 0
+        self._kicked = False
+
+    def open_rows(self) -> RowBackend:
+        raise NotImplementedError
+
+    @property
+    def rows(self) -> RowBackend:
+        if self._rows is None:
+            self._rows = self.open_rows()
+        return self._rows
+
+    def establish_connection(self) -> Any:
+        self.rows  # noqa: B018 - a database that cannot be reached fails the connect, as kombu expects
+        return super().establish_connection()  # type: ignore[no-untyped-call]
+
+    def close_connection(self, connection: Any) -> None:
+        try:
+            super().close_connection(connection)  # type: ignore[no-untyped-call]
+        finally:
+            if self._rows is not None:
+                self._rows.close()
+                self._rows = None
+
+    def wake(self) -> None:
+        """End the current (or next) ``drain_events`` wait now, from any thread: a loop without a hub
+        (``-P durable``'s polling loop) has work queued by another thread (a finished run's kick)."""
+        self._kicked = True
+        if self._rows is not None:
+            self._rows.wake()
+
+    def drain_events(self, connection: Any, timeout: float | None = None, **kwargs: Any) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.rows.clear_wakeups()
+            if self._deliver_some():
+                return
+            left = self.polling_interval if deadline is None else min(deadline - time.monotonic(),
+                                                                     self.polling_interval)
+            if left <= 0 or self._kicked:
+                self._kicked = False
+                raise TimeoutError()  # socket.timeout, what kombu's callers catch
+            self.rows.wait(left)
+
+    def _deliver_some(self) -> bool:
+        for channel in list(self.channels):
+            queues = channel.consuming
+            if not queues:
+                continue
+            self._turn = (self._turn + 1) % len(queues)
+            for queue in queues[self._turn:] + queues[:self._turn]:
+                taken = channel.claim_for_consumers(queue)
+                for payload in taken:
+                    self._deliver(payload, queue)  # type: ignore[no-untyped-call]
+                if taken:
+                    return True
+        return False

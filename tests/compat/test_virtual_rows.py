@@ -1,0 +1,202 @@
+"""compat.virtual_rows: kombu's virtual transport hooks land on the row backend as the broker needs.
+
+An in-memory backend stands for the rows: each test pins one kombu 5.x path
+(publish → ``_put``, ``basic_get`` → ``_get``, ack, reject with and without
+requeue, ``restore_unacked`` at channel close, consume → ``drain_events`` →
+``_deliver``) to the backend call the PostgreSQL broker relies on.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from kombu import Connection, Exchange, Queue, transport
+from kombu.transport import virtual
+
+from celery_durable.compat.virtual_rows import DELAY_HEADER, RowChannel, RowTransport
+
+
+class MemoryRows:
+    """Rows in a list: (tag, queue, message, priority, delay, holder)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.tags = itertools.count(1)
+        self.calls: list[tuple[str, Any]] = []
+        self.publishes = 0
+        self.waits = 0
+
+    def publish(self, items: Sequence[tuple[str, dict[str, Any], int, float]]) -> None:
+        self.publishes += 1
+        for queue, message, priority, delay in items:
+            self.rows.append({"tag": next(self.tags), "queue": queue, "message": message, "priority": priority,
+                              "delay": delay, "held": False})
+
+    def claim(self, queue: str, limit: int) -> list[dict[str, Any]]:
+        taken = []
+        for row in self.rows:
+            if len(taken) == limit:
+                break
+            if row["queue"] == queue and not row["held"]:
+                row["held"] = True
+                message = dict(row["message"], properties=dict(row["message"]["properties"], delivery_tag=row["tag"]))
+                taken.append(message)
+        self.calls.append(("claim", (queue, limit)))
+        return taken
+
+    def ack(self, tag: Any) -> None:
+        self.calls.append(("ack", tag))
+        self.rows = [row for row in self.rows if row["tag"] != tag]
+
+    def give_back(self, tag: Any) -> None:
+        self.calls.append(("give_back", tag))
+        for row in self.rows:
+            if row["tag"] == tag:
+                row["held"] = False
+
+    def size(self, queue: str) -> int:
+        return sum(row["queue"] == queue for row in self.rows)
+
+    def purge(self, queue: str) -> int:
+        before = len(self.rows)
+        self.rows = [row for row in self.rows if row["queue"] != queue or row["held"]]
+        return before - len(self.rows)
+
+    def clear_wakeups(self) -> None:
+        pass
+
+    def wait(self, timeout: float) -> bool:
+        self.waits += 1
+        return False
+
+    def wake(self) -> None:
+        self.calls.append(("wake", None))
+
+    def close(self) -> None:
+        self.calls.append(("close", None))
+
+
+BACKEND = MemoryRows()
+
+
+class MemoryTransport(RowTransport):
+    polling_interval = 0.01
+
+    def open_rows(self) -> MemoryRows:
+        return BACKEND
+
+
+@pytest.fixture
+def conn(monkeypatch: pytest.MonkeyPatch) -> Any:
+    global BACKEND
+    BACKEND = MemoryRows()
+    monkeypatch.setitem(transport.TRANSPORT_ALIASES, "rows-memory", f"{__name__}:MemoryTransport")
+    with Connection("rows-memory://") as connection:
+        yield connection
+
+
+QUEUE = Queue("q", Exchange("q"), "q")
+
+
+def _publish(conn: Any, body: Any, **kwargs: Any) -> None:
+    conn.Producer().publish(body, exchange=QUEUE.exchange, routing_key="q", declare=[QUEUE], **kwargs)
+
+
+def test_the_hooks_kombu_calls_are_on_its_virtual_channel() -> None:
+    for name in ("_get", "_put", "_size", "_purge", "_delete", "_new_queue", "_has_queue", "_restore",
+                 "_restore_at_beginning", "_get_message_priority", "_inplace_augment_message", "_lookup"):
+        assert name in vars(virtual.Channel) or name in vars(virtual.base.AbstractChannel), name
+        assert name in vars(RowChannel) or name in ("_get_message_priority", "_inplace_augment_message", "_lookup")
+    assert "_deliver" in vars(virtual.Transport)
+
+
+def test_publish_is_one_backend_put_with_priority_and_the_delay_header(conn: Any) -> None:
+    _publish(conn, {"n": 1}, priority=7, headers={DELAY_HEADER: 1500})
+    (row,) = BACKEND.rows
+    assert (row["queue"], row["priority"], row["delay"]) == ("q", 7, 1.5)
+    assert row["message"]["properties"]["delivery_info"]["routing_key"] == "q"
+
+
+def test_basic_publish_many_is_one_backend_call(conn: Any) -> None:
+    channel = conn.default_channel
+    QUEUE(channel).declare()
+    messages = [channel.prepare_message(channel.encode_body(f'"{i}"')[0]) for i in range(5)]
+    channel.basic_publish_many(messages, "q", "q")
+    assert BACKEND.publishes == 1
+    assert len(BACKEND.rows) == 5
+
+
+def test_basic_get_claims_one_and_ack_deletes_it(conn: Any) -> None:
+    _publish(conn, {"n": 1})
+    message = QUEUE(conn.default_channel).get()
+    assert message.payload == {"n": 1}
+    assert ("claim", ("q", 1)) in BACKEND.calls
+    message.ack()
+    assert ("ack", message.delivery_tag) in BACKEND.calls
+    assert BACKEND.rows == []
+
+
+def test_reject_with_requeue_gives_back_in_place_and_without_deletes(conn: Any) -> None:
+    _publish(conn, {"n": 1})
+    _publish(conn, {"n": 2})
+    first = QUEUE(conn.default_channel).get()
+    first.reject(requeue=True)
+    assert ("give_back", first.delivery_tag) in BACKEND.calls
+    assert [row["tag"] for row in BACKEND.rows] == [first.delivery_tag, first.delivery_tag + 1]
+    again = QUEUE(conn.default_channel).get()
+    assert again.delivery_tag == first.delivery_tag  # its place kept: taken before the second
+    again.reject(requeue=False)
+    assert ("ack", again.delivery_tag) in BACKEND.calls
+    assert len(BACKEND.rows) == 1
+
+
+def test_channel_close_gives_back_what_it_holds_unacked(conn: Any) -> None:
+    _publish(conn, {"n": 1})
+    channel = conn.channel()
+    message = QUEUE(channel).get()
+    channel.close()
+    assert ("give_back", message.delivery_tag) in BACKEND.calls
+    assert not BACKEND.rows[0]["held"]
+
+
+def test_consume_drains_by_claiming_up_to_the_prefetch_room(conn: Any) -> None:
+    for n in range(5):
+        _publish(conn, {"n": n})
+    got: list[Any] = []
+    with conn.Consumer(QUEUE, callbacks=[lambda body, message: got.append(message)], prefetch_count=3):
+        conn.drain_events(timeout=1)
+        assert [m.payload["n"] for m in got] == [0, 1, 2]
+        assert ("claim", ("q", 3)) in BACKEND.calls
+        # The QoS is full: the next drain claims nothing and times out after waiting on the backend.
+        with pytest.raises(TimeoutError):
+            conn.drain_events(timeout=0.05)
+        assert BACKEND.waits >= 1
+        got[0].ack()
+        conn.drain_events(timeout=1)
+        assert [m.payload["n"] for m in got] == [0, 1, 2, 3]
+
+
+def test_no_fanout_exchange_so_celery_leaves_remote_control_out(conn: Any) -> None:
+    assert not conn.supports_exchange_type("fanout")
+    assert conn.supports_exchange_type("direct")
+    assert conn.supports_exchange_type("topic")
+
+
+def test_wake_ends_a_drain_at_once_so_a_loop_without_a_hub_runs_its_queued_kicks(conn: Any) -> None:
+    import time
+
+    conn.connect()
+    conn.transport.wake()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        conn.drain_events(timeout=5)
+    assert time.monotonic() - started < 1.0
+    assert ("wake", None) in BACKEND.calls
+    # Once: the next drain waits its time out again.
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        conn.drain_events(timeout=0.2)
+    assert time.monotonic() - started >= 0.2

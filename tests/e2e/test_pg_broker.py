@@ -1,0 +1,99 @@
+"""Real ``celery worker`` processes on the PostgreSQL broker (``durable+postgresql://``): a stock prefork worker
+and a ``-P durable`` worker run tasks, and a SIGKILLed worker's ``acks_late`` task runs on a second worker
+about one lease TTL later (the lease lapses; no restart, no broker timer)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from celery_durable.broker import register
+from tests.e2e.harness import Scenario, wait_for
+from tests.e2e.test_fairness_and_cap import assert_strict_turns
+from tests.stores import fresh_store
+
+TTL = 3.0
+
+
+@pytest.fixture
+def pg_scenario(tmp_path: Path) -> Iterator[Scenario]:
+    """A scenario whose broker (and durable store) is a fresh PostgreSQL schema, queues ``a``, ``b``, ``c``."""
+    register()  # the producer's own process resolves durable+ too
+    with fresh_store("postgresql", tmp_path) as url:
+        s = Scenario("durable", f"durable+{url}", ["a", "b", "c"])
+        try:
+            yield s
+        finally:
+            s.cleanup()
+
+
+def test_a_stock_prefork_worker_and_a_durable_worker_run_their_tasks(pg_scenario: Scenario) -> None:
+    s = pg_scenario
+    settings = {"durable_lease_ttl": TTL}
+    stock = s.worker(pool="prefork", concurrency=2, queues=["a"], conf=settings).wait_ready()
+    durable = s.worker(pool="durable", concurrency=2, queues=["b"], conf=settings).wait_ready()
+    sent = [s.send("a", f"a{i}") for i in range(10)] + [s.send("b", f"b{i}") for i in range(10)]
+    ended = s.wait_ended(20, timeout=60)
+    assert sorted(e["id"] for e in ended) == sorted(sent)
+    assert {e["queue"] for e in ended if e["label"].startswith("a")} == {s.by_name["a"]}
+    assert {e["queue"] for e in ended if e["label"].startswith("b")} == {s.by_name["b"]}
+    assert len(s.started()) == 20  # each ran once
+    wait_for(lambda: s.broker_depth("a") == 0 and s.broker_depth("b") == 0, timeout=10,
+             what="every row acked (deleted)")
+    assert stock.terminate() == 0
+    assert durable.terminate() == 0
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads", "durable"])
+def test_a_sigkilled_workers_acks_late_task_runs_on_another_within_a_lease_ttl(pg_scenario: Scenario,
+                                                                                pool: str) -> None:
+    s = pg_scenario
+    settings = {"durable_lease_ttl": TTL, "task_acks_late": True}
+    victim = s.worker(pool=pool, concurrency=1, queues=["a"], conf=settings).wait_ready()
+    task_id = s.send_waiting("a", "held")
+    wait_for(lambda: s.labelled("start", "held"), timeout=30, what="the victim to start the task")
+    survivor = s.worker(pool=pool, concurrency=1, queues=["a"], conf=settings).wait_ready()
+    time.sleep(TTL)  # past one TTL: the victim's heartbeat is what kept its row until now
+    assert len(s.labelled("start", "held")) == 1, "a live holder's row was handed out"
+    victim.kill()
+    killed = time.time()
+    again = wait_for(lambda: len(s.labelled("start", "held")) == 2, timeout=4 * TTL,
+                     what="the killed worker's task to start again")
+    assert again
+    second = s.labelled("start", "held")[1]
+    assert second["id"] == task_id
+    assert second["t"] - killed <= TTL + 2.0, f"took {second['t'] - killed:.2f}s after the kill (TTL {TTL}s)"
+    s.open_gate("gate")
+    wait_for(lambda: s.labelled("end", "held"), timeout=30, what="the task to end on the survivor")
+    wait_for(lambda: s.broker_depth("a") == 0, timeout=10, what="its row acked")
+    assert survivor.terminate() == 0
+
+
+def test_three_backlogged_queues_at_cap_one_run_in_strict_turns_on_a_durable_worker(pg_scenario: Scenario) -> None:
+    s = pg_scenario
+    for i in range(6):
+        for name in ("a", "b", "c"):
+            s.send(name, f"{name}{i}")
+    worker = s.worker(conf={"durable_max_in_flight": 1, "durable_lease_ttl": TTL}, concurrency=1).wait_ready()
+    assert_strict_turns(s, worker, "abc", rounds=6)
+
+
+def test_three_backlogged_queues_among_fifty_run_in_strict_turns_at_cap_one(tmp_path: Path) -> None:
+    # 47 empty queues around the three with work: each pass is one statement over all fifty.
+    register()
+    names = [f"q{i:02d}" for i in range(50)]
+    busy = {"q07": "a", "q23": "b", "q41": "c"}
+    with fresh_store("postgresql", tmp_path) as url:
+        s = Scenario("durable", f"durable+{url}", names)
+        try:
+            for i in range(4):
+                for name in busy:
+                    s.send(name, f"{busy[name]}{i}")
+            worker = s.worker(conf={"durable_max_in_flight": 1, "durable_lease_ttl": TTL},
+                              concurrency=1).wait_ready()
+            assert_strict_turns(s, worker, "abc", rounds=4)
+        finally:
+            s.cleanup()
