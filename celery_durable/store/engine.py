@@ -49,6 +49,18 @@ def resolve_url(url: str | None) -> str:
     return _resolve(url or DEFAULT_URL, os.getcwd())
 
 
+def database_identity(url: sa.engine.URL | str) -> tuple[Any, ...]:
+    """What makes two URLs the same database: driver and password do not; host, name and options do."""
+    parsed = sa.engine.make_url(resolve_url(str(url) if isinstance(url, str) else
+                                            url.render_as_string(hide_password=False)))
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return (backend, parsed.database)
+    # ``options`` can carry a search_path: another schema is another set of tables.
+    return (backend, parsed.host or "localhost", parsed.port or 5432, parsed.database, parsed.username,
+            tuple(sorted((k, str(v)) for k, v in parsed.query.items())))
+
+
 @functools.lru_cache(maxsize=64)
 def _resolve(url: str, cwd: str) -> str:
     # Cached: every run, enqueue and relay pass resolves the app's URL, and parsing it is

@@ -1,0 +1,19 @@
+"""An outbox row's message sent straight into the caller's transaction, on the PostgreSQL broker of its database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from celery_durable.broker.in_transaction import bound_to
+from celery_durable.clock import SYSTEM_CLOCK
+from celery_durable.outbox.publishing.task_message import RowSender
+from celery_durable.store.outbox import OutboxRow
+
+
+def send_in_transaction(conn: Connection, app: Any, row: OutboxRow) -> None:
+    """Send ``row`` as the relay would (same message, same ``task-sent`` event), each a broker row of ``conn``'s
+    transaction: the broker's rows are in the caller's database, so the commit is the publish."""
+    with bound_to(conn), app.producer_or_acquire() as producer:
+        RowSender(app, producer, SYSTEM_CLOCK).send(row)
