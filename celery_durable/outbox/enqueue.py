@@ -19,7 +19,7 @@ from celery_durable.outbox.publishing.direct import send_in_transaction
 from celery_durable.outbox.transaction import broker_in_database
 from celery_durable.planning.outbox import OptionInvalid, chain_step_options, serialize_options, without_callbacks
 from celery_durable.store import outbox as store
-from celery_durable.store.engine import database_identity, ensure_schema_in, store_url
+from celery_durable.store.engine import database_identity, ensure_schema, ensure_schema_in, store_url
 from celery_durable.store.json_values import encode
 from celery_durable.store.outbox import OutboxRow
 from celery_durable.store.urls import shown_url
@@ -71,6 +71,11 @@ def _prepare(session_or_connection: Session | Connection, app: Any) -> Connectio
     conn = _connection(session_or_connection)
     url = store_url(app)
     _check_same_database(conn.engine.url, url)
+    if broker_in_database(app, conn) is not None:
+        # The broker's own connection (the producer's) checks the schema on a connection of its
+        # own: migrated first on one, a fresh schema made in the caller's transaction would
+        # leave that check waiting on the caller's locks, and the caller waiting on it.
+        ensure_schema(url)
     ensure_schema_in(conn, url)
     return conn
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from celery_durable.broker.in_transaction import bound_to
 from celery_durable.errors import OutboxDatabaseMismatch, OutboxInvalid, TransactionUnsupported
-from celery_durable.store.engine import database_identity, ensure_schema_in
+from celery_durable.store.engine import database_identity, ensure_schema
 from celery_durable.store.urls import broker_database, shown_url
 
 __all__ = ["broker_in_database", "connection_of", "transaction"]
@@ -48,8 +48,10 @@ def transaction(session_or_connection: Session | Connection, app: Any = None) ->
             f"celery_durable.transaction() needs a session or connection on the broker's database "
             f"({shown_url(str(broker_database(_first(broker))))}), got one on {shown_url(conn.engine.url)}: "
             f"its rows would not commit with your transaction", setting="broker_url")
-    # The broker's table may be new to this database: created in the caller's transaction, as enqueue does.
-    ensure_schema_in(conn, url)
+    # The broker's table may be new to this database. Made on a connection of its own, committed: the
+    # producer's broker connection checks the schema so, and would wait on a schema the caller's open
+    # transaction was making (while the caller waits on the publish).
+    ensure_schema(url)
     with bound_to(conn):
         yield conn
 

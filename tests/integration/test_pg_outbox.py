@@ -221,3 +221,26 @@ def test_enqueue_on_redis_keeps_the_outbox_row(db_url: str) -> None:
         outbox.enqueue(conn, app.signature("pgo.noop", ("x",)))
     assert outbox_count(db_url) == 1 and message_rows(db_url) == []
     engine.dispose()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["enqueue", "transaction"])
+def test_the_first_send_on_a_fresh_database_inside_a_transaction_that_already_wrote(tmp_path: Path, how: str) -> None:
+    # Before: the schema was made in the caller's transaction, and the producer's broker connection,
+    # checking it on a connection of its own, waited on the caller's locks while the caller waited on it.
+    register()
+    with fresh_store("postgresql", tmp_path) as url:
+        app = make_app(url)
+        engine = sa.create_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql("CREATE TABLE user_orders (id int)")
+                conn.exec_driver_sql("INSERT INTO user_orders VALUES (1)")
+                if how == "enqueue":
+                    sent = outbox.enqueue(conn, app.tasks["pgo.noop"].s("first")).id
+                else:
+                    with celery_durable.transaction(conn, app):
+                        sent = app.tasks["pgo.noop"].delay("first").id
+            assert [r["headers"]["id"] for r in task_rows(url)] == [sent]
+        finally:
+            engine.dispose()
