@@ -7,7 +7,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
+from weakref import WeakKeyDictionary, WeakSet
 
+from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 from celery_durable.broker import rows
@@ -24,7 +26,12 @@ class Binding:
     identity: tuple[Any, ...]
 
     def insert(self, broker_url: str, messages: Sequence[rows.Outgoing]) -> None:
-        """Insert ``messages`` through the caller's connection: they become visible when, and if, it commits."""
+        """Add ``messages`` to the caller's transaction: they become visible when, and if, it commits.
+
+        Buffered, then inserted in one statement just before the caller's next statement on the
+        connection (a query of theirs, a SAVEPOINT, a ROLLBACK TO, the ORM's flush) or its commit,
+        so a burst of sends costs one INSERT and the transaction sees its own rows whenever it looks.
+        """
         if database_identity(broker_url) != self.identity:
             # A transport on another database cannot take part in the caller's transaction:
             # publishing on its own would send what the caller may yet roll back.
@@ -32,7 +39,43 @@ class Binding:
                 f"a publish inside celery_durable.transaction() went to the broker on {shown_url(broker_url)}, "
                 f"not the database of the transaction ({shown_url(self.connection.engine.url)})",
                 setting="broker_url")
-        rows.insert(self.connection, messages)
+        conn = self.connection
+        buffered = _pending.get(conn)
+        if buffered is None:
+            _hook(conn)
+            _pending[conn] = list(messages)
+        else:
+            buffered.extend(messages)
+
+
+#: Rows sent in a caller's open transaction, not inserted yet (by its connection; gone with it).
+_pending: WeakKeyDictionary[Connection, list[rows.Outgoing]] = WeakKeyDictionary()
+_hooked: WeakSet[Connection] = WeakSet()
+
+
+def flush(conn: Connection) -> None:
+    """Insert the rows buffered for ``conn`` now, in one statement of its transaction."""
+    buffered = _pending.pop(conn, None)
+    if buffered:
+        rows.insert(conn, buffered)
+
+
+def _hook(conn: Connection) -> None:
+    if conn in _hooked:
+        return
+    _hooked.add(conn)
+    event.listen(conn, "before_execute", _before_execute)
+    # Fired inside the commit, before the database's own: the rows are part of what commits.
+    event.listen(conn, "commit", flush)
+    event.listen(conn, "rollback", _drop)
+
+
+def _before_execute(conn: Connection, *_: Any) -> None:
+    flush(conn)
+
+
+def _drop(conn: Connection) -> None:
+    _pending.pop(conn, None)
 
 
 #: A context variable, not a thread-local: Celery publishes in the caller's thread, and an asyncio

@@ -60,27 +60,29 @@ def enqueue(session_or_connection: Session | Connection, signature: Signature, *
         # group/chord create task ids of their own at publish: a
         # republish would start those again under new ids.
         raise OutboxInvalid(f"outbox.enqueue takes {_SUPPORTED}, not a {type(signature).__name__.lstrip('_')}")
-    conn = _prepare(session_or_connection, signature.app)
+    conn, direct = _prepare(session_or_connection, signature.app)
     merged = {**(signature.options or {}), **options}
     task_id = str(merged.pop("task_id", None) or uuid.uuid4())
-    _insert(conn, signature.app, signature.task, signature.args, signature.kwargs, merged, task_id)
+    _insert(conn, direct, signature.app, signature.task, signature.args, signature.kwargs, merged, task_id)
     return signature.app.AsyncResult(task_id)
 
 
-def _prepare(session_or_connection: Session | Connection, app: Any) -> Connection:
+def _prepare(session_or_connection: Session | Connection, app: Any) -> tuple[Connection, bool]:
+    """The caller's connection, checked, and whether the app's broker is the PostgreSQL one on its database."""
     conn = _connection(session_or_connection)
     url = store_url(app)
     _check_same_database(conn.engine.url, url)
-    if broker_in_database(app, conn) is not None:
+    direct = broker_in_database(app, conn) is not None
+    if direct:
         # The broker's own connection (the producer's) checks the schema on a connection of its
         # own: migrated first on one, a fresh schema made in the caller's transaction would
         # leave that check waiting on the caller's locks, and the caller waiting on it.
         ensure_schema(url)
     ensure_schema_in(conn, url)
-    return conn
+    return conn, direct
 
 
-def _insert(conn: Connection, app: Any, task_name: str, args: Any, kwargs: Any, options: dict[str, Any],
+def _insert(conn: Connection, direct: bool, app: Any, task_name: str, args: Any, kwargs: Any, options: dict[str, Any],
             task_id: str, steps: list[Signature] | None = None) -> None:
     for key in _DROPPED:
         options.pop(key, None)
@@ -95,7 +97,7 @@ def _insert(conn: Connection, app: Any, task_name: str, args: Any, kwargs: Any, 
     except (OptionInvalid, NotJSON) as err:
         raise OutboxInvalid(f"outbox.enqueue({task_name}): {err}") from None
     _with_reprs(app, stored_options, args, kwargs)
-    if broker_in_database(app, conn) is not None:
+    if direct:
         # The PostgreSQL broker on this database: the message row itself, in the caller's transaction.
         send_in_transaction(conn, app, OutboxRow(0, task_id, task_name, args_json, kwargs_json,
                                                  json.dumps(stored_options), 0))
@@ -119,7 +121,7 @@ def _enqueue_chain(session_or_connection: Session | Connection, sig: Signature, 
     if use_link or (use_link is None and app.conf.task_protocol == 1):
         raise OutboxInvalid("outbox.enqueue(chain) needs task protocol 2: protocol 1 links the steps with "
                             "callbacks, which a republish would start again under new ids")
-    conn = _prepare(session_or_connection, app)
+    conn, direct = _prepare(session_or_connection, app)
     # Consumed by _chain.run, not sent with the first task (task_id names the last step).
     last_task_id = merged.pop("task_id", None)
     for key in ("group_id", "group_index", "chord", "root_id", "parent_id", "producer", "publisher"):
@@ -134,7 +136,7 @@ def _enqueue_chain(session_or_connection: Session | Connection, sig: Signature, 
     args, kwargs, first_options = merged_call(first, merged)
     first_options = _without_callbacks(f"outbox.enqueue({first.task})", first_options)
     task_id = str(first_options.pop("task_id"))
-    _insert(conn, app, first.task, args, kwargs, first_options, task_id, steps)
+    _insert(conn, direct, app, first.task, args, kwargs, first_options, task_id, steps)
     # _chain.run returns the last step's frozen result (parents linked), or the
     # one task's own result for a chain of one.
     return results[0] if steps else app.AsyncResult(task_id)

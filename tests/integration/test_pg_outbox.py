@@ -244,3 +244,76 @@ def test_the_first_send_on_a_fresh_database_inside_a_transaction_that_already_wr
             assert [r["headers"]["id"] for r in task_rows(url)] == [sent]
         finally:
             engine.dispose()
+
+
+def test_sends_are_one_insert_seen_by_the_transaction_and_follow_its_savepoints(db_url: str) -> None:
+    app = make_app(db_url)
+    noop = app.tasks["pgo.noop"]
+    statements: list[str] = []
+    engine = sa.create_engine(db_url)
+    sa.event.listen(engine, "before_cursor_execute",
+                    lambda conn, cursor, statement, *a: statements.append(statement))
+    with engine.connect() as conn:
+        with conn.begin():
+            kept = [outbox.enqueue(conn, noop.s(f"a{i}")).id for i in range(5)]
+            # The caller's own next statement sees them (inserted just before it, in one statement).
+            inserts_before = sum("INSERT INTO durable_broker_messages" in s for s in statements)
+            seen = conn.execute(sa.text("SELECT count(*) FROM durable_broker_messages")).scalar_one()
+            inserts = sum("INSERT INTO durable_broker_messages" in s for s in statements) - inserts_before
+            assert (seen, inserts) == (5, 1)
+            nested = conn.begin_nested()
+            outbox.enqueue(conn, noop.s("rolled back to the savepoint"))
+            with celery_durable.transaction(conn, app):
+                noop.delay("this one too")
+            nested.rollback()
+            kept.append(outbox.enqueue(conn, noop.s("after")).id)
+        # Rolled back: what was sent in it must not reach the next transaction on this connection.
+        with conn.begin() as txn:
+            outbox.enqueue(conn, noop.s("rolled back"))
+            txn.rollback()
+        with conn.begin():
+            conn.execute(sa.text("SELECT 1"))
+    assert [r["headers"]["id"] for r in task_rows(db_url)] == kept
+    engine.dispose()
+
+
+def test_a_session_commit_with_nothing_else_to_flush_still_inserts(db_url: str) -> None:
+    app = make_app(db_url)
+    engine = sa.create_engine(db_url)
+    with Session(engine) as session:
+        with session.begin():
+            with celery_durable.transaction(session, app):
+                sent = [app.tasks["pgo.noop"].delay(f"s{i}").id for i in range(3)]
+        with session.begin():
+            nested = session.begin_nested()
+            outbox.enqueue(session, app.tasks["pgo.noop"].s("savepoint"))
+            nested.rollback()
+    assert [r["headers"]["id"] for r in task_rows(db_url)] == sent
+    engine.dispose()
+
+
+def _senders_channels() -> list[Any]:
+    from celery_durable.outbox.publishing import direct
+
+    return list(direct._senders.keys())
+
+
+def test_routes_declared_once_per_channel_still_route_after_the_producer_reconnects(db_url: str) -> None:
+    app = make_app(db_url)
+    noop = app.tasks["pgo.noop"]
+    engine = sa.create_engine(db_url)
+    expected = []
+    channels: list[set[int]] = []
+    for round_ in range(3):
+        with engine.begin() as conn:
+            for queue in ("one", "two", "one"):
+                expected.append((queue, outbox.enqueue(conn, noop.s(f"{round_}"), queue=queue).id))
+        # The pooled broker connection closed (as after a lost database): the next enqueue's producer
+        # reconnects, on a new channel that has declared nothing yet.
+        before = set(map(id, _senders_channels()))
+        with app.producer_or_acquire() as producer:
+            producer.connection.close()
+        channels.append(before)
+    assert [(r["queue"], r["headers"]["id"]) for r in task_rows(db_url)] == expected
+    assert len(set().union(*channels)) >= 2, "the producer never got a new channel"
+    engine.dispose()
