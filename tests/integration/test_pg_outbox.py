@@ -317,3 +317,26 @@ def test_routes_declared_once_per_channel_still_route_after_the_producer_reconne
     assert [(r["queue"], r["headers"]["id"]) for r in task_rows(db_url)] == expected
     assert len(set().union(*channels)) >= 2, "the producer never got a new channel"
     engine.dispose()
+
+
+def test_an_insert_failing_at_commit_fails_the_commit_and_keeps_nothing(db_url: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from celery_durable.broker import rows
+
+    app = make_app(db_url)
+    engine = sa.create_engine(db_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE user_orders (id int)")
+
+    def failing(conn: Any, messages: Any) -> None:
+        raise sa.exc.OperationalError("INSERT", {}, Exception("connection lost"))
+
+    monkeypatch.setattr(rows, "insert", failing)
+    with pytest.raises(sa.exc.OperationalError), engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO user_orders VALUES (1)")
+        outbox.enqueue(conn, app.tasks["pgo.noop"].s("lost"))
+    monkeypatch.undo()
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM user_orders").scalar_one() == 0
+    assert message_rows(db_url) == []
+    engine.dispose()
