@@ -23,6 +23,7 @@ from celery_durable.errors import (
     SchemaOutdated,
     StepNameInvalid,
     StoreUnavailable,
+    TransactionEnded,
     TransactionUnsupported,
 )
 from celery_durable.outbox.transaction import transaction
@@ -51,6 +52,7 @@ __all__ = [
     "SchemaOutdated",
     "StepNameInvalid",
     "StoreUnavailable",
+    "TransactionEnded",
     "TransactionUnsupported",
     "from_celery_conf",
     "install",

@@ -158,6 +158,12 @@ class TransactionUnsupported(DurableError):
     code = "durable.outbox.transaction_unsupported"
 
 
+class TransactionEnded(DurableError):
+    """A publish inside ``celery_durable.transaction()`` after the caller's connection was closed."""
+
+    code = "durable.outbox.transaction_ended"
+
+
 class HostIncompatible(DurableError):
     """The installed Celery, kombu, billiard or py-amqp lacks an internal ``-P durable`` relies on."""
 

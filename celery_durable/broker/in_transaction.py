@@ -13,7 +13,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 from celery_durable.broker import rows
-from celery_durable.errors import OutboxDatabaseMismatch
+from celery_durable.errors import OutboxDatabaseMismatch, TransactionEnded
 from celery_durable.store.engine import database_identity
 from celery_durable.store.urls import shown_url
 
@@ -40,6 +40,17 @@ class Binding:
                 f"not the database of the transaction ({shown_url(self.connection.engine.url)})",
                 setting="broker_url")
         conn = self.connection
+        if conn.closed:
+            # A session committed inside the block gave its connection back: a row buffered on it
+            # would be lost without a word.
+            raise TransactionEnded(
+                "a publish inside celery_durable.transaction() after its session or connection was closed "
+                "(committed inside the block?): open the block inside the transaction it should join")
+        if not conn.in_transaction():
+            # Committed inside the block: the insert begins the connection's next transaction, as any
+            # statement of the caller's would, and is sent when that one commits.
+            rows.insert(conn, messages)
+            return
         buffered = _pending.get(conn)
         if buffered is None:
             _hook(conn)

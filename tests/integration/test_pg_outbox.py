@@ -14,7 +14,7 @@ from celery import Celery, chain, group
 from sqlalchemy.orm import Session
 
 import celery_durable
-from celery_durable import OutboxDatabaseMismatch, TransactionUnsupported, outbox
+from celery_durable import OutboxDatabaseMismatch, TransactionEnded, TransactionUnsupported, outbox
 from celery_durable.broker import register
 from celery_durable.store.engine import ensure_schema
 from tests.services import broker_url
@@ -339,4 +339,26 @@ def test_an_insert_failing_at_commit_fails_the_commit_and_keeps_nothing(db_url: 
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM user_orders").scalar_one() == 0
     assert message_rows(db_url) == []
+    engine.dispose()
+
+
+def test_a_commit_inside_the_block_neither_loses_nor_leaks_later_sends(db_url: str) -> None:
+    app = make_app(db_url)
+    noop = app.tasks["pgo.noop"]
+    engine = sa.create_engine(db_url)
+    with engine.connect() as conn:
+        conn.begin()
+        with celery_durable.transaction(conn, app):
+            first = noop.delay("first").id
+            conn.commit()
+            # The connection's next transaction (begun by the insert), sent when that one commits.
+            second = noop.delay("second").id
+            assert [r["headers"]["id"] for r in task_rows(db_url)] == [first]
+            conn.commit()
+    assert [r["headers"]["id"] for r in task_rows(db_url)] == [first, second]
+    with Session(engine) as session:
+        with pytest.raises(TransactionEnded), celery_durable.transaction(session, app):
+            session.commit()  # gives the session's connection back
+            noop.delay("after the session let go of its connection")
+    assert len(task_rows(db_url)) == 2
     engine.dispose()
