@@ -23,7 +23,10 @@ from celery_durable.errors import (
     SchemaOutdated,
     StepNameInvalid,
     StoreUnavailable,
+    TransactionEnded,
+    TransactionUnsupported,
 )
+from celery_durable.outbox.transaction import transaction
 from celery_durable.tasks import runs
 from celery_durable.tasks.context import sleep, step
 from celery_durable.tasks.durable import DurableTask, durable_task
@@ -49,12 +52,15 @@ __all__ = [
     "SchemaOutdated",
     "StepNameInvalid",
     "StoreUnavailable",
+    "TransactionEnded",
+    "TransactionUnsupported",
     "from_celery_conf",
     "install",
     "outbox",
     "runs",
     "sleep",
     "step",
+    "transaction",
 ]
 
 __version__ = "0.1.0"

@@ -147,6 +147,23 @@ class OutboxDatabaseMismatch(DurableError):
     code = "durable.outbox.database_mismatch"
 
 
+class TransactionUnsupported(DurableError):
+    """``celery_durable.transaction()`` on a broker that cannot take part in the caller's transaction.
+
+    Only the PostgreSQL broker (``durable+postgresql://``) keeps its messages in a database a
+    caller's transaction can write to; on Redis or RabbitMQ ``outbox.enqueue`` and its relay
+    make "commit and send" atomic instead.
+    """
+
+    code = "durable.outbox.transaction_unsupported"
+
+
+class TransactionEnded(DurableError):
+    """A publish inside ``celery_durable.transaction()`` after the caller's connection was closed."""
+
+    code = "durable.outbox.transaction_ended"
+
+
 class HostIncompatible(DurableError):
     """The installed Celery, kombu, billiard or py-amqp lacks an internal ``-P durable`` relies on."""
 

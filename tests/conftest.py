@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,10 +15,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
+#: Every broker kind: a file opts in to the PostgreSQL broker with
+#: ``pytestmark = pytest.mark.parametrize("broker", ALL_BROKERS, indirect=True)``.
+ALL_BROKERS = ["redis", "rabbitmq", "postgresql"]
+
+
 @pytest.fixture(params=["redis", "rabbitmq"])
-def broker(request: pytest.FixtureRequest) -> tuple[str, str]:
-    """(kind, url) of each real broker; the test runs once per broker."""
-    return request.param, broker_url(request.param)
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """(kind, url) of each real broker; the test runs once per broker.
+
+    ``postgresql``: the PostgreSQL broker (``durable+postgresql://``) on a fresh schema of its own,
+    which the durable store of its workers shares (no ``durable_database_url`` needed).
+    """
+    if request.param != "postgresql":
+        yield request.param, broker_url(request.param)
+        return
+    from celery_durable.broker import register
+    from tests.services import OBSERVE_URL, postgres_problem, redis_problem, require
+    from tests.stores import fresh_store
+
+    require("PostgreSQL", postgres_problem())
+    require("Redis (observation)", redis_problem(OBSERVE_URL))
+    register()  # the test process's producer resolves durable+ too
+    with fresh_store("postgresql", tmp_path) as url:
+        yield "postgresql", f"durable+{url}"
 
 
 @pytest.fixture

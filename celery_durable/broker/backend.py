@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from celery_durable.broker import rows
+from celery_durable.broker import in_transaction, rows
 from celery_durable.broker.leases import RowLeaseKeeper
 from celery_durable.store.engine import autocommit, ensure_schema, lazy_commit
 from celery_durable.store.notify import Waker
@@ -42,6 +42,11 @@ class PgRows:
 
     def publish(self, items: Sequence[tuple[str, dict[str, Any], int, float]]) -> None:
         outgoing = [rows.Outgoing(queue, payload, priority, delay) for queue, payload, priority, delay in items]
+        binding = in_transaction.current()
+        if binding is not None:
+            # Inside celery_durable.transaction(): the caller's transaction decides whether they are sent.
+            binding.insert(self.url, outgoing)
+            return
         with self.engine.begin() as conn:
             rows.insert(conn, outgoing)
 

@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from celery_durable.outbox.enqueue import enqueue
+from celery_durable.outbox.transaction import transaction
 
-__all__ = ["enqueue"]
+__all__ = ["enqueue", "transaction"]

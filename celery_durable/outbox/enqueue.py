@@ -1,4 +1,4 @@
-"""``outbox.enqueue``: add a task to the caller's own SQLAlchemy transaction; the relay publishes it on commit."""
+"""``outbox.enqueue``: a task added to the caller's own SQLAlchemy transaction, sent once it commits."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ from sqlalchemy.orm import Session
 
 from celery_durable.compat.canvas import chain_uses_links, is_chain, is_chord, merged_call, prepare_chain_steps
 from celery_durable.errors import NotJSON, OutboxDatabaseMismatch, OutboxInvalid
+from celery_durable.outbox.publishing.direct import send_in_transaction
+from celery_durable.outbox.transaction import broker_in_database
 from celery_durable.planning.outbox import OptionInvalid, chain_step_options, serialize_options, without_callbacks
 from celery_durable.store import outbox as store
-from celery_durable.store.engine import ensure_schema_in, resolve_url, store_url
+from celery_durable.store.engine import database_identity, ensure_schema, ensure_schema_in, store_url
 from celery_durable.store.json_values import encode
+from celery_durable.store.outbox import OutboxRow
 from celery_durable.store.urls import shown_url
 
 __all__ = ["enqueue"]
@@ -32,13 +35,17 @@ _SUPPORTED = "a task signature (task.s(...)) or a chain of task signatures (chai
 
 
 def enqueue(session_or_connection: Session | Connection, signature: Signature, **options: Any) -> Any:
-    """Insert ``signature`` into the outbox in the caller's transaction; returns its ``AsyncResult``.
+    """Add ``signature`` to the caller's transaction, sent once and only if it commits; returns its ``AsyncResult``.
 
     Takes the apply_async options a message can keep (queue, routing_key,
     exchange, countdown, eta, expires, priority, headers, time_limit,
     soft_time_limit, shadow, serializer, argsrepr, kwargsrepr, task_id). Never commits: the task is
     published by a relay once, and only if, the caller's transaction commits.
     The session or connection must be on the app's ``durable_database_url``.
+
+    On the PostgreSQL broker (``durable+postgresql://``) on that same database there is no
+    outbox row and no relay: the broker's message row itself (the message the relay would
+    publish, built by Celery's own send path) is inserted through the caller's connection.
 
     ``signature`` may be a chain of task signatures: as ``chain.apply_async(**options)``
     does, every step's id is fixed now (``task_id`` names the last step's), the options
@@ -53,22 +60,29 @@ def enqueue(session_or_connection: Session | Connection, signature: Signature, *
         # group/chord create task ids of their own at publish: a
         # republish would start those again under new ids.
         raise OutboxInvalid(f"outbox.enqueue takes {_SUPPORTED}, not a {type(signature).__name__.lstrip('_')}")
-    conn = _prepare(session_or_connection, signature.app)
+    conn, direct = _prepare(session_or_connection, signature.app)
     merged = {**(signature.options or {}), **options}
     task_id = str(merged.pop("task_id", None) or uuid.uuid4())
-    _insert(conn, signature.app, signature.task, signature.args, signature.kwargs, merged, task_id)
+    _insert(conn, direct, signature.app, signature.task, signature.args, signature.kwargs, merged, task_id)
     return signature.app.AsyncResult(task_id)
 
 
-def _prepare(session_or_connection: Session | Connection, app: Any) -> Connection:
+def _prepare(session_or_connection: Session | Connection, app: Any) -> tuple[Connection, bool]:
+    """The caller's connection, checked, and whether the app's broker is the PostgreSQL one on its database."""
     conn = _connection(session_or_connection)
     url = store_url(app)
     _check_same_database(conn.engine.url, url)
+    direct = broker_in_database(app, conn) is not None
+    if direct:
+        # The broker's own connection (the producer's) checks the schema on a connection of its
+        # own: migrated first on one, a fresh schema made in the caller's transaction would
+        # leave that check waiting on the caller's locks, and the caller waiting on it.
+        ensure_schema(url)
     ensure_schema_in(conn, url)
-    return conn
+    return conn, direct
 
 
-def _insert(conn: Connection, app: Any, task_name: str, args: Any, kwargs: Any, options: dict[str, Any],
+def _insert(conn: Connection, direct: bool, app: Any, task_name: str, args: Any, kwargs: Any, options: dict[str, Any],
             task_id: str, steps: list[Signature] | None = None) -> None:
     for key in _DROPPED:
         options.pop(key, None)
@@ -83,6 +97,11 @@ def _insert(conn: Connection, app: Any, task_name: str, args: Any, kwargs: Any, 
     except (OptionInvalid, NotJSON) as err:
         raise OutboxInvalid(f"outbox.enqueue({task_name}): {err}") from None
     _with_reprs(app, stored_options, args, kwargs)
+    if direct:
+        # The PostgreSQL broker on this database: the message row itself, in the caller's transaction.
+        send_in_transaction(conn, app, OutboxRow(0, task_id, task_name, args_json, kwargs_json,
+                                                 json.dumps(stored_options), 0))
+        return
     store.insert_txn(conn, task_id=task_id, task_name=task_name, args=args_json, kwargs=kwargs_json,
                      options=json.dumps(stored_options), at=now)
 
@@ -102,7 +121,7 @@ def _enqueue_chain(session_or_connection: Session | Connection, sig: Signature, 
     if use_link or (use_link is None and app.conf.task_protocol == 1):
         raise OutboxInvalid("outbox.enqueue(chain) needs task protocol 2: protocol 1 links the steps with "
                             "callbacks, which a republish would start again under new ids")
-    conn = _prepare(session_or_connection, app)
+    conn, direct = _prepare(session_or_connection, app)
     # Consumed by _chain.run, not sent with the first task (task_id names the last step).
     last_task_id = merged.pop("task_id", None)
     for key in ("group_id", "group_index", "chord", "root_id", "parent_id", "producer", "publisher"):
@@ -117,7 +136,7 @@ def _enqueue_chain(session_or_connection: Session | Connection, sig: Signature, 
     args, kwargs, first_options = merged_call(first, merged)
     first_options = _without_callbacks(f"outbox.enqueue({first.task})", first_options)
     task_id = str(first_options.pop("task_id"))
-    _insert(conn, app, first.task, args, kwargs, first_options, task_id, steps)
+    _insert(conn, direct, app, first.task, args, kwargs, first_options, task_id, steps)
     # _chain.run returns the last step's frozen result (parents linked), or the
     # one task's own result for a chain of one.
     return results[0] if steps else app.AsyncResult(task_id)
@@ -179,18 +198,6 @@ def _connection(obj: Any) -> Connection:
     if isinstance(obj, Connection):
         return obj
     raise OutboxInvalid(f"outbox.enqueue takes a SQLAlchemy Session or Connection, got {type(obj).__name__}")
-
-
-def database_identity(url: sa.engine.URL | str) -> tuple[Any, ...]:
-    """What makes two URLs the same database: driver and password do not; host, name and options do."""
-    parsed = sa.engine.make_url(resolve_url(str(url) if isinstance(url, str) else
-                                            url.render_as_string(hide_password=False)))
-    backend = parsed.get_backend_name()
-    if backend == "sqlite":
-        return (backend, parsed.database)
-    # ``options`` can carry a search_path: another schema is another set of tables.
-    return (backend, parsed.host or "localhost", parsed.port or 5432, parsed.database, parsed.username,
-            tuple(sorted((k, str(v)) for k, v in parsed.query.items())))
 
 
 def _check_same_database(conn_url: sa.engine.URL, durable_url: str) -> None:

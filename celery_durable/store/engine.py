@@ -49,6 +49,35 @@ def resolve_url(url: str | None) -> str:
     return _resolve(url or DEFAULT_URL, os.getcwd())
 
 
+def database_identity(url: sa.engine.URL | str) -> tuple[Any, ...]:
+    """What makes two URLs the same database: driver and password do not; host, name and options do."""
+    if isinstance(url, str):
+        return _identity(url, os.getcwd())
+    # An engine keeps one URL object for life, and hashing a URL renders it as a string: by object.
+    seen = _URL_IDENTITIES.get(id(url))
+    if seen is None or seen[0] is not url:
+        seen = _URL_IDENTITIES[id(url)] = (url, _identity(url.render_as_string(hide_password=False), os.getcwd()))
+        if len(_URL_IDENTITIES) > 256:
+            _URL_IDENTITIES.clear()  # a process makes few engines: more is a leak to cut, not a working set
+    return seen[1]
+
+
+_URL_IDENTITIES: dict[int, tuple[sa.engine.URL, tuple[Any, ...]]] = {}
+
+
+@functools.lru_cache(maxsize=256)
+def _identity(url: str, cwd: str) -> tuple[Any, ...]:
+    # Cached: an enqueue on the PostgreSQL broker compares its connection's database with the
+    # broker's and the store's, and parsing is the whole cost (``cwd``: a relative SQLite path's base).
+    parsed = sa.engine.make_url(resolve_url(url))
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return (backend, parsed.database)
+    # ``options`` can carry a search_path: another schema is another set of tables.
+    return (backend, parsed.host or "localhost", parsed.port or 5432, parsed.database, parsed.username,
+            tuple(sorted((k, str(v)) for k, v in parsed.query.items())))
+
+
 @functools.lru_cache(maxsize=64)
 def _resolve(url: str, cwd: str) -> str:
     # Cached: every run, enqueue and relay pass resolves the app's URL, and parsing it is

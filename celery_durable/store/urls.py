@@ -41,3 +41,4 @@ def broker_database(broker_url: Any) -> str | None:
     if isinstance(broker_url, str) and broker_url.startswith(BROKER_SCHEME_PREFIX):
         return broker_url[len(BROKER_SCHEME_PREFIX):]
     return None
+

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from celery_durable.broker import register
 from celery_durable.store.engine import engine_for, ensure_schema
 from tests.e2e.durableapp import EFFECTS_DDL
 from tests.e2e.harness import Scenario
@@ -25,7 +26,9 @@ MakeScenario = Callable[..., tuple[Scenario, str]]
 
 @pytest.fixture
 def durable_scenario(tmp_path: Path) -> Iterator[MakeScenario]:
-    """make(store_kind, broker_kind="redis") -> (Scenario with one queue "q", store URL); cleaned up after."""
+    """make(store_kind, broker_kind="redis") -> (Scenario with one queue "q", store URL); cleaned up after.
+
+    ``broker_kind="postgresql"``: the PostgreSQL broker (``durable+postgresql://``) on the store's database."""
     made: list[Scenario] = []
     stores: list[Any] = []
 
@@ -36,7 +39,12 @@ def durable_scenario(tmp_path: Path) -> Iterator[MakeScenario]:
         ensure_schema(url)
         with engine_for(url).begin() as conn:
             conn.exec_driver_sql(EFFECTS_DDL)
-        s = Scenario(broker_kind, broker_url(broker_kind), ["q"])
+        if broker_kind == "postgresql":
+            # The PostgreSQL broker on the store's own database (needs kind "postgresql").
+            register()
+            s = Scenario(broker_kind, f"durable+{url}", ["q"])
+        else:
+            s = Scenario(broker_kind, broker_url(broker_kind), ["q"])
         made.append(s)
         return s, url
 

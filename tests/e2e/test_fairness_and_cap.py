@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
+from tests.conftest import ALL_BROKERS
 from tests.e2e.harness import wait_for
+
+# Redis, RabbitMQ and the PostgreSQL broker (durable+postgresql://): the same files, the same rules.
+pytestmark = pytest.mark.parametrize("broker", ALL_BROKERS, indirect=True)
 
 
 def assert_strict_turns(s, worker, turns: str, rounds: int) -> None:

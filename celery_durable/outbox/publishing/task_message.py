@@ -67,9 +67,12 @@ class RowSender:
         #: Routes whose declarations this batch already made (see ``capture``).
         self._declared: set[tuple[Any, Any]] = set()
 
-    def send(self, row: OutboxRow) -> None:
-        """Publish ``row`` now (the per-message path), with kombu's retry over a stale connection."""
-        sent_event = self._send(row, retry=True, declare=None)
+    def send(self, row: OutboxRow, *, retry: bool = True, declare: str | None = None) -> None:
+        """Publish ``row`` now (the per-message path), with kombu's retry over a stale connection unless told not.
+
+        ``declare="once"``: a route this sender declared before is not declared again (see ``capture``).
+        """
+        sent_event = self._send(row, retry=retry, declare=declare)
         self._emit([sent_event])
 
     def announce(self, published: Sequence[Captured]) -> None:
@@ -97,7 +100,8 @@ class RowSender:
     def _emit(self, events: list[dict[str, Any] | None]) -> None:
         if not self._send_sent_event or not any(events):
             return
-        if self._emitter is None:
+        if self._emitter is None or self._emitter.producer is not self.producer:
+            # A sender kept across pooled producers (publishing/direct.py) emits through the current one.
             self._emitter = SentEventEmitter(self.app, self.producer)
         self._emitter.emit(events)
 
