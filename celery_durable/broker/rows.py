@@ -39,6 +39,8 @@ class Claimed:
     priority: int
     payload: dict[str, Any]
     delivery_count: int
+    #: Hand-outs whose holder died (its lease lapsed with the row still named its).
+    lapses: int = 0
 
 
 _INSERT = sa.text(
@@ -58,14 +60,15 @@ _CLAIM = sa.text(
     "   AND (holder IS NULL OR lease_expires_at < now())"
     " ORDER BY priority DESC, id LIMIT :limit FOR UPDATE SKIP LOCKED)"
     " UPDATE durable_broker_messages AS m SET holder = :holder,"
-    "   lease_expires_at = now() + make_interval(secs => :ttl), delivery_count = m.delivery_count + 1"
+    "   lease_expires_at = now() + make_interval(secs => :ttl), delivery_count = m.delivery_count + 1,"
+    "   lapses = m.lapses + (m.holder IS NOT NULL)::int"
     " FROM ready WHERE m.id = ready.id"
-    " RETURNING m.id, m.queue, m.priority, m.payload, m.delivery_count"
+    " RETURNING m.id, m.queue, m.priority, m.payload, m.delivery_count, m.lapses"
 )
 
 # The whole pass (migration 0009's function): the claim sweep server-side, one statement for every queue.
 _CLAIM_PASS = sa.text(
-    "SELECT r_ask, r_queue, r_asked, r_id, r_priority, r_payload, r_delivery_count "
+    "SELECT r_ask, r_queue, r_asked, r_id, r_priority, r_payload, r_delivery_count, r_lapses "
     "FROM durable_broker_claim_pass(CAST(:queues AS text[]), CAST(:free AS int[]), :room, :holder, :ttl, "
     "CAST(:acked AS bigint[]))"
 )
@@ -102,7 +105,7 @@ def claim(engine: Engine, queue: str, limit: int, holder: str, ttl: float) -> li
             poison.append(row.id)
             _log_parked(row.id, row.queue)
         else:
-            claimed.append(Claimed(row.id, row.queue, row.priority, payload, row.delivery_count))
+            claimed.append(Claimed(row.id, row.queue, row.priority, payload, row.delivery_count, row.lapses))
     if poison:
         park(engine, poison)
     return claimed
@@ -141,7 +144,8 @@ def claim_pass(engine: Engine, queues: Sequence[str], free: Sequence[int], room:
             poison.append(row.r_id)
             _log_parked(row.r_id, row.r_queue)
         else:
-            ask.claimed.append(Claimed(row.r_id, row.r_queue, row.r_priority, payload, row.r_delivery_count))
+            ask.claimed.append(Claimed(row.r_id, row.r_queue, row.r_priority, payload, row.r_delivery_count,
+                                       row.r_lapses))
     if poison:
         park(engine, poison)
     return asks
@@ -170,6 +174,16 @@ def park(engine: Engine, ids: Sequence[int]) -> None:
     with engine.begin() as conn:
         conn.execute(table.update().where(table.c.id.in_(list(ids)))
                      .values(queue=table.c.queue + PARKED_SUFFIX, holder=None, lease_expires_at=None))
+
+
+def park_dead(engine: Engine, row: Claimed, holder: str) -> bool:
+    """Move a held row to its queue's parking queue with its message as given (a reason header added)."""
+    table = broker_messages
+    with engine.begin() as conn:
+        return bool(conn.execute(
+            table.update().where(table.c.id == row.id, table.c.holder == holder)
+            .values(queue=row.queue + PARKED_SUFFIX, payload=json.dumps(row.payload), holder=None,
+                    lease_expires_at=None)).rowcount == 1)
 
 
 def renew(engine: Engine, holder: str, ttl: float) -> int:

@@ -36,11 +36,13 @@ $$ LANGUAGE plpgsql
 # again while room is left. room -1: no process cap. The holder's acks (``p_acked``) are deleted
 # first. Each ask is the one-queue claim (SKIP LOCKED, holder and lease set); only asks that took
 # rows appear, numbered in the order they were made.
+# A row taken while a holder is still named on it (that holder's lease lapsed: it died) counts a
+# lapse; the caller settles dead a row whose lapses spend its task's budget (broker/dead_letters.py).
 CLAIM_PASS_FUNCTION = """
 CREATE OR REPLACE FUNCTION durable_broker_claim_pass(
     p_queues text[], p_free int[], p_room int, p_holder text, p_ttl float8, p_acked bigint[])
 RETURNS TABLE (r_ask int, r_queue text, r_asked int, r_id bigint, r_priority smallint, r_payload text,
-               r_delivery_count int) AS $$
+               r_delivery_count int, r_lapses int) AS $$
 DECLARE
     v_order int[] := ARRAY(SELECT generate_series(1, coalesce(array_length(p_queues, 1), 0)));
     v_again int[] := '{}';
@@ -98,9 +100,10 @@ BEGIN
                   AND (m.holder IS NULL OR m.lease_expires_at < now())
                 ORDER BY m.priority DESC, m.id LIMIT v_count FOR UPDATE SKIP LOCKED)
             UPDATE durable_broker_messages AS m SET holder = p_holder,
-                lease_expires_at = now() + make_interval(secs => p_ttl), delivery_count = m.delivery_count + 1
+                lease_expires_at = now() + make_interval(secs => p_ttl), delivery_count = m.delivery_count + 1,
+                lapses = m.lapses + (m.holder IS NOT NULL)::int
             FROM ready WHERE m.id = ready.id
-            RETURNING v_ask, m.queue::text, v_count, m.id, m.priority, m.payload, m.delivery_count;
+            RETURNING v_ask, m.queue::text, v_count, m.id, m.priority, m.payload, m.delivery_count, m.lapses;
         GET DIAGNOSTICS v_got = ROW_COUNT;
         IF v_got > 0 THEN
             v_free[v_q] := v_free[v_q] - v_got;
@@ -131,6 +134,7 @@ def upgrade() -> None:
         sa.Column("holder", sa.String(255), nullable=True),
         sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("delivery_count", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("lapses", sa.Integer, nullable=False, server_default="0"),
     )
     op.create_index("ix_durable_broker_messages_claim", "durable_broker_messages",
                     ["queue", sa.text("priority DESC"), "id"])
