@@ -15,11 +15,14 @@ remote control out of the worker by itself.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from queue import Empty
 from typing import Any, Protocol
 
 from kombu.transport import virtual
+
+from celery_durable.headers import ETA_HEADER
 
 #: Rows a channel with no prefetch limit takes in one claim.
 UNLIMITED_BATCH = 100
@@ -57,6 +60,27 @@ class RowBackend(Protocol):
     def close(self) -> None: ...
 
 
+def delivery_delay(headers: Mapping[str, Any], now: float) -> float:
+    """Seconds until a message may be handed out: its ``x-delay``, or the time left to Celery's ``eta``
+    (a countdown or ETA of task protocol 2: an ISO 8601 time, UTC when it names no zone, as Celery's
+    default ``enable_utc``), whichever is later; 0 for a message due now or a time that does not parse."""
+    delay = 0.0
+    try:
+        delay = float(headers.get(DELAY_HEADER) or 0) / 1000.0
+    except (TypeError, ValueError):
+        pass
+    eta = headers.get(ETA_HEADER)
+    if isinstance(eta, str) and eta:
+        try:
+            at = datetime.fromisoformat(eta)
+        except ValueError:
+            return max(delay, 0.0)
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=timezone.utc)
+        delay = max(delay, at.timestamp() - now)
+    return max(delay, 0.0)
+
+
 class RowChannel(virtual.Channel):
     """A virtual channel whose queues are the backend's rows."""
 
@@ -75,8 +99,7 @@ class RowChannel(virtual.Channel):
         self.rows.publish([self._item(queue, message)])
 
     def _item(self, queue: str, message: dict[str, Any]) -> tuple[str, dict[str, Any], int, float]:
-        headers = message.get("headers") or {}
-        delay = float(headers.get(DELAY_HEADER) or 0) / 1000.0
+        delay = delivery_delay(message.get("headers") or {}, time.time())
         priority: int = self._get_message_priority(message)  # type: ignore[no-untyped-call]
         return queue, message, priority, delay
 

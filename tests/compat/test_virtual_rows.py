@@ -200,3 +200,23 @@ def test_wake_ends_a_drain_at_once_so_a_loop_without_a_hub_runs_its_queued_kicks
     with pytest.raises(TimeoutError):
         conn.drain_events(timeout=0.2)
     assert time.monotonic() - started >= 0.2
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    ({}, 0.0),
+    ({DELAY_HEADER: 1500}, 1.5),
+    ({"eta": "2026-12-05T10:00:03+00:00"}, 3.0),
+    ({"eta": "2026-12-05T10:00:03"}, 3.0),  # no zone: UTC, Celery's default enable_utc
+    ({"eta": "2026-12-05T11:00:03+01:00"}, 3.0),
+    ({"eta": "2026-12-05T09:59:00+00:00"}, 0.0),  # already due
+    ({"eta": "2026-12-05T10:00:03+00:00", DELAY_HEADER: 5000}, 5.0),  # the later of the two
+    ({"eta": "not a time"}, 0.0),
+    ({"eta": None}, 0.0),
+])
+def test_a_celery_eta_or_x_delay_header_is_the_rows_delay(headers: dict[str, Any], expected: float) -> None:
+    from datetime import datetime, timezone
+
+    from celery_durable.compat.virtual_rows import delivery_delay
+
+    now = datetime(2026, 12, 5, 10, 0, 0, tzinfo=timezone.utc).timestamp()
+    assert delivery_delay(headers, now) == pytest.approx(expected)

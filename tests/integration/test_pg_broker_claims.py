@@ -1,4 +1,4 @@
-"""The PostgreSQL broker's claim settles dead a row whose holders keep dying past its task's budget."""
+"""The PostgreSQL broker's claim: dead at claim for rows whose holders keep dying; a countdown as visible_at."""
 
 from __future__ import annotations
 
@@ -149,3 +149,24 @@ def test_the_whole_pass_buries_too(db_url: str) -> None:
     # from q, the other queue's is.
     assert [(q, taken, len(messages)) for q, _, taken, messages in asks] == [("q", 1, 0), ("other", 1, 1)]
     assert sorted(r.queue for r in _rows(db_url)) == ["other", "q.durable.parked"]
+
+
+def test_a_celery_countdown_rides_visible_at_so_no_claim_takes_it_before_its_time(db_url: str) -> None:
+    app = _app(db_url)
+
+    @app.task(name="later")
+    def later() -> None: ...
+
+    sent = time.monotonic()
+    result = later.apply_async(countdown=1.5)
+    live = _claimer(db_url, app)
+    try:
+        assert live.claim("q", 10) == []
+        while not (got := live.claim("q", 10)):
+            assert time.monotonic() - sent < 10, "the countdown row never came due"
+            time.sleep(0.05)
+        assert time.monotonic() - sent >= 1.4
+        assert [m["headers"]["id"] for m in got] == [result.id]
+        assert got[0]["headers"]["eta"]  # Celery's own eta still travels: the worker checks it on receipt
+    finally:
+        live.close()
