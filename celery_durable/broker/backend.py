@@ -11,7 +11,7 @@ from typing import Any
 
 from celery_durable.broker import rows
 from celery_durable.broker.dead_letters import PARK, Burial
-from celery_durable.broker.leases import RowLeaseKeeper
+from celery_durable.broker.leases import Heartbeat, RowLeaseKeeper
 from celery_durable.store.engine import autocommit, ensure_schema, lazy_commit
 from celery_durable.store.notify import Waker
 
@@ -86,6 +86,10 @@ class PgRows:
             else:
                 rows.ack(self.lazy, [row.id], self.holder)
         return live
+
+    def beat_with(self, heartbeat: Heartbeat) -> None:
+        """Renew this holder's rows on ``heartbeat`` (a ``-P durable`` worker's lease keeper): one beat per worker."""
+        self._keeper.beat_with(heartbeat)
 
     def renew(self) -> int:
         self.flush_acks()

@@ -170,3 +170,32 @@ def test_a_celery_countdown_rides_visible_at_so_no_claim_takes_it_before_its_tim
         assert got[0]["headers"]["eta"]  # Celery's own eta still travels: the worker checks it on receipt
     finally:
         live.close()
+
+
+def test_a_durable_workers_lease_keeper_renews_its_rows_with_no_thread_of_the_transports(db_url: str) -> None:
+    import threading
+
+    from celery_durable.leases.keeper import LeaseKeeper
+
+    heartbeat = LeaseKeeper()
+    live = PgRows(db_url, lease_ttl=0.6)
+    live.beat_with(heartbeat)
+    engine = ensure_schema(db_url)
+    try:
+        with engine.begin() as c:
+            rows.insert(c, [rows.Outgoing("r", {"properties": {}, "body": "y"})])
+        assert len(live.claim("r", 1)) == 1
+        assert len(live.claim("r", 1)) == 0
+        assert not [t for t in threading.enumerate() if t.name == "durable-broker-leases"]
+        deadline = time.monotonic() + 2.5  # four TTLs: only the keeper's beat can have kept the row
+        while time.monotonic() < deadline:
+            assert rows.claim(engine, "r", 10, "thief", 30) == []
+            time.sleep(0.1)
+    finally:
+        live.close()
+    assert heartbeat._beats == {}  # closed: the keeper renews nothing of it any more
+    # Its row, no longer renewed, lapses one TTL later.
+    deadline = time.monotonic() + 5
+    while not rows.claim(engine, "r", 10, "thief", 30):
+        assert time.monotonic() < deadline, "the closed holder's row never lapsed"
+        time.sleep(0.05)
