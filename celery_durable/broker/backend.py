@@ -143,6 +143,12 @@ class PgRows:
     def clear_wakeups(self) -> None:
         self._wakeups().clear()
 
+    def wakeup_fds(self) -> list[int]:
+        return self._wakeups().fds()
+
+    def take_wakeups(self) -> tuple[bool, set[str]]:
+        return self._wakeups().take()
+
     def wait(self, timeout: float) -> bool:
         self.flush_acks()
         return self._wakeups().wait(timeout)

@@ -199,3 +199,30 @@ def test_a_durable_workers_lease_keeper_renews_its_rows_with_no_thread_of_the_tr
     while not rows.claim(engine, "r", 10, "thief", 30):
         assert time.monotonic() < deadline, "the closed holder's row never lapsed"
         time.sleep(0.05)
+
+
+def test_in_an_event_loop_the_listen_socket_wakes_the_consumer_on_a_notify_of_its_queue(db_url: str) -> None:
+    from kombu import Connection, Exchange, Queue
+    from kombu.asynchronous import Hub
+
+    register()
+    queue = Queue("q", Exchange("q"), "q")
+    hub = Hub()
+    got: list[float] = []
+    with Connection(f"durable+{db_url}") as consumer, Connection(f"durable+{db_url}") as producer:
+        consumer.connect()
+        consumer.transport.polling_interval = 60  # only the NOTIFY can explain a pickup
+        with consumer.Consumer([queue], callbacks=[lambda body, m: (got.append(time.monotonic()), m.ack())],
+                               prefetch_count=10):
+            consumer.transport.register_with_event_loop(consumer.connection, hub)
+            loop = hub.create_loop()
+            for _ in range(20):  # settle: the LISTEN is open, nothing pending
+                next(loop)
+            for n in range(3):
+                sent = time.monotonic()
+                producer.Producer().publish({"n": n}, exchange=queue.exchange, routing_key="q", declare=[queue])
+                while len(got) <= n:
+                    assert time.monotonic() - sent < 5, "the NOTIFY never woke the loop"
+                    next(loop)
+                assert got[n] - sent < 0.5
+    hub.close()
