@@ -50,8 +50,12 @@ class PgRows:
             rows.insert(conn, outgoing)
 
     def claim(self, queue: str, limit: int) -> list[dict[str, Any]]:
-        self.flush_acks()
-        taken = rows.claim(self.lazy, queue, limit, self.holder, self.lease_ttl)
+        acked = self._take_acks()
+        try:
+            taken = rows.claim(self.lazy, queue, limit, self.holder, self.lease_ttl, acked)
+        except BaseException:
+            self._return_acks(acked)
+            raise
         if taken:
             self._keeper.start()
         return [_delivered(row) for row in self._live(taken)]

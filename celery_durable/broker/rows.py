@@ -53,8 +53,8 @@ _INSERT = sa.text(
 # One statement: the ready rows of a queue in (priority, id) order, skipping rows another
 # consumer has locked, taken with holder and lease set; the database's clock decides both
 # readiness and expiry, so no worker's clock skew hands out a live holder's row.
-_CLAIM = sa.text(
-    "WITH ready AS ("
+_CLAIM_SQL = (
+    "{gone}ready AS ("
     " SELECT id FROM durable_broker_messages"
     " WHERE queue = :queue AND visible_at <= now()"
     "   AND (holder IS NULL OR lease_expires_at < now())"
@@ -65,6 +65,12 @@ _CLAIM = sa.text(
     " FROM ready WHERE m.id = ready.id"
     " RETURNING m.id, m.queue, m.priority, m.payload, m.delivery_count, m.lapses"
 )
+_CLAIM = sa.text(_CLAIM_SQL.format(gone="WITH "))
+# The same claim carrying the holder's acks since its last statement: one round trip deletes them and
+# claims (an acked row is the holder's, live, so the claim never meets it).
+_CLAIM_AND_ACK = sa.text(_CLAIM_SQL.format(
+    gone="WITH gone AS (DELETE FROM durable_broker_messages"
+         " WHERE id = ANY(CAST(:acked AS bigint[])) AND holder = :holder), "))
 
 # The whole pass (migration 0009's function): the claim sweep server-side, one statement for every queue.
 _CLAIM_PASS = sa.text(
@@ -91,10 +97,18 @@ def insert(conn: Connection, messages: Sequence[Outgoing]) -> None:
     })
 
 
-def claim(engine: Engine, queue: str, limit: int, holder: str, ttl: float) -> list[Claimed]:
-    """Take up to ``limit`` ready rows of ``queue`` for ``holder`` under a lease of ``ttl`` seconds, oldest first."""
+def claim(engine: Engine, queue: str, limit: int, holder: str, ttl: float,
+          acked: Sequence[int] = ()) -> list[Claimed]:
+    """Take up to ``limit`` ready rows of ``queue`` for ``holder`` under a lease of ``ttl`` seconds, oldest first.
+
+    ``acked``: rows ``holder`` acked since its last statement, deleted by the same statement (one round
+    trip for an idle consumer's pickup, not a DELETE and then the claim).
+    """
     with engine.begin() as conn:
-        rows = list(conn.execute(_CLAIM, {"queue": queue, "limit": limit, "holder": holder, "ttl": ttl}))
+        params: dict[str, Any] = {"queue": queue, "limit": limit, "holder": holder, "ttl": ttl}
+        if acked:
+            params["acked"] = list(acked)
+        rows = list(conn.execute(_CLAIM_AND_ACK if acked else _CLAIM, params))
     # RETURNING follows no order: the claim's order is put back here.
     rows.sort(key=lambda row: (-row.priority, row.id))
     claimed: list[Claimed] = []

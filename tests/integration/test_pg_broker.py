@@ -91,7 +91,8 @@ def test_acks_are_one_delete_per_batch(conn: Connection, db_url: str) -> None:
         with pytest.raises(TimeoutError):
             conn.drain_events(timeout=0.2)
     assert _count(db_url) == 0
-    assert sum(s.startswith("DELETE FROM durable_broker_messages") for s in statements) == 1
+    # One statement deletes the batch (the next claim's, which carries the acks since the last statement).
+    assert sum("DELETE FROM durable_broker_messages" in s for s in statements) == 1
 
 
 def test_a_batch_publish_is_one_statement(conn: Connection, db_url: str) -> None:
