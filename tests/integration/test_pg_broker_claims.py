@@ -226,3 +226,28 @@ def test_in_an_event_loop_the_listen_socket_wakes_the_consumer_on_a_notify_of_it
                     next(loop)
                 assert got[n] - sent < 0.5
     hub.close()
+
+
+@pytest.mark.parametrize(("asked", "with_rows", "also_present"), [
+    (200, {"q199": 3}, 0),                      # the skip scan finds the one queue with rows
+    (20, {"q000": 2, "q007": 1, "q019": 4}, 0),
+    (20, {"q003": 2, "q011": 2}, 40),            # more queues in the table than asked: every asked queue probed
+    (12, {"q005": 1}, 3),
+])
+def test_a_pass_over_many_queues_asks_as_the_pure_sweep_plans(db_url: str, asked: int, with_rows: dict[str, int],
+                                                             also_present: int) -> None:
+    from tests.integration.test_pg_broker import _planned
+
+    engine = ensure_schema(db_url)
+    queues = [f"q{i:03d}" for i in range(asked)]
+    with engine.begin() as c:
+        rows.insert(c, [rows.Outgoing(q, {"properties": {}, "body": f"{q}-{i}"})
+                        for q, n in with_rows.items() for i in range(n)])
+        # Queues this worker does not read, and a held row (present, not ready) in one it does.
+        rows.insert(c, [rows.Outgoing(f"other{i:03d}", {"properties": {}, "body": "o"}) for i in range(also_present)])
+        rows.insert(c, [rows.Outgoing(queues[1], {"properties": {}, "body": "held"})])
+    rows.claim(engine, queues[1], 1, "someone", 30)
+    ready = {q: with_rows.get(q, 0) for q in queues}
+    free = {q: 2 for q in queues}
+    asks = rows.claim_pass(engine, queues, [free[q] for q in queues], 5, "h", 30)
+    assert [(a.queue, a.count, a.taken) for a in asks] == _planned(queues, ready, free, 5)

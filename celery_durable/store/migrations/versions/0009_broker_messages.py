@@ -57,6 +57,8 @@ DECLARE
     v_share_bound boolean;
     v_got int;
     v_ready boolean[];
+    v_present text[];
+    v_complete boolean := false;
 BEGIN
     -- The holder's acks since its last statement, deleted first: a pass is also the ack's round trip.
     IF coalesce(array_length(p_acked, 1), 0) > 0 THEN
@@ -65,10 +67,24 @@ BEGIN
     -- Which queues have a ready row at all, in one pass of index probes: the sweep then asks only
     -- those (an ask of an empty queue takes nothing and leaves the sweep as it was), so a pass over
     -- 200 queues with work on one costs one UPDATE, not 200.
-    SELECT array_agg(EXISTS (
+    -- Many queues asked: first which queues have any row at all, by a skip scan of the claim index
+    -- (one probe per queue present in the table, however many are asked), so the probes below skip
+    -- the empty ones. Bounded by the number asked: a table holding more queues than that probes all.
+    IF coalesce(array_length(p_queues, 1), 0) > 8 THEN
+        WITH RECURSIVE present(q, n) AS (
+            (SELECT m.queue::text, 1 FROM durable_broker_messages AS m ORDER BY m.queue LIMIT 1)
+            UNION ALL
+            SELECT (SELECT m.queue::text FROM durable_broker_messages AS m WHERE m.queue > present.q
+                    ORDER BY m.queue LIMIT 1), present.n + 1
+            FROM present WHERE present.q IS NOT NULL AND present.n <= array_length(p_queues, 1))
+        SELECT array_agg(q) FILTER (WHERE q IS NOT NULL), bool_or(q IS NULL) OR count(*) = 0
+          INTO v_present, v_complete FROM present;
+    END IF;
+    SELECT array_agg(CASE WHEN v_complete AND NOT (u.name = ANY(coalesce(v_present, '{}'::text[]))) THEN false
+                          ELSE EXISTS (
                SELECT 1 FROM durable_broker_messages AS m
                WHERE m.queue = u.name AND m.visible_at <= now()
-                 AND (m.holder IS NULL OR m.lease_expires_at < now())) ORDER BY u.n)
+                 AND (m.holder IS NULL OR m.lease_expires_at < now())) END ORDER BY u.n)
       INTO v_ready
       FROM unnest(p_queues) WITH ORDINALITY AS u(name, n);
     LOOP
