@@ -15,7 +15,11 @@ PostgreSQL 127.0.0.1:5432 (``DURABLE_TEST_POSTGRES_URL``), a fresh schema per ru
 ``--workers N`` adds real workers (``benchmarks/benchapp.py``, Redis 127.0.0.1:6379 for the tally):
 N no-op tasks pre-loaded, then one ``celery worker -P durable`` starts; tasks/s from the first
 task's start to the last one's end, side by side in one run: on Redis, on this broker with one
-queue, and on this broker with the work on the last of 200 queues (prefork -c 2 and threads -c 8).
+queue, and on this broker with the work on the last of 200 queues (prefork -c 2 and threads -c 8);
+``--rounds R`` runs every side once per round, back to back (interleaved, the load printed);
+``--pickups N`` adds a ``-P durable`` worker's idle pickup (N pings, p50 of start - send) on Redis
+and on this broker each round; the claim statements one pass over 200 queues sends are counted on
+the engine and printed. ``--workers-only`` skips the transport-alone figures.
 """
 
 from __future__ import annotations
