@@ -50,27 +50,15 @@ _INSERT = sa.text(
     "CAST(:delays AS float8[])) AS m(queue, priority, payload, delay)"
 )
 
-# One statement: the ready rows of a queue in (priority, id) order, skipping rows another
-# consumer has locked, taken with holder and lease set; the database's clock decides both
-# readiness and expiry, so no worker's clock skew hands out a live holder's row.
-_CLAIM_SQL = (
-    "{gone}ready AS ("
-    " SELECT id FROM durable_broker_messages"
-    " WHERE queue = :queue AND visible_at <= now()"
-    "   AND (holder IS NULL OR lease_expires_at < now())"
-    " ORDER BY priority DESC, id LIMIT :limit FOR UPDATE SKIP LOCKED)"
-    " UPDATE durable_broker_messages AS m SET holder = :holder,"
-    "   lease_expires_at = now() + make_interval(secs => :ttl), delivery_count = m.delivery_count + 1,"
-    "   lapses = m.lapses + (m.holder IS NOT NULL)::int"
-    " FROM ready WHERE m.id = ready.id"
-    " RETURNING m.id, m.queue, m.priority, m.payload, m.delivery_count, m.lapses"
+# One statement (migration 0009's function): the ready rows of a queue in (priority, id) order,
+# skipping rows another consumer has locked, taken with holder and lease set, after deleting the
+# holder's acks since its last statement; the database's clock decides both readiness and expiry,
+# so no worker's clock skew hands out a live holder's row.
+_CLAIM = sa.text(
+    "SELECT r_id AS id, r_queue AS queue, r_priority AS priority, r_payload AS payload, "
+    "r_delivery_count AS delivery_count, r_lapses AS lapses "
+    "FROM durable_broker_claim(:queue, :limit, :holder, :ttl, CAST(:acked AS bigint[]))"
 )
-_CLAIM = sa.text(_CLAIM_SQL.format(gone="WITH "))
-# The same claim carrying the holder's acks since its last statement: one round trip deletes them and
-# claims (an acked row is the holder's, live, so the claim never meets it).
-_CLAIM_AND_ACK = sa.text(_CLAIM_SQL.format(
-    gone="WITH gone AS (DELETE FROM durable_broker_messages"
-         " WHERE id = ANY(CAST(:acked AS bigint[])) AND holder = :holder), "))
 
 # The whole pass (migration 0009's function): the claim sweep server-side, one statement for every queue.
 _CLAIM_PASS = sa.text(
@@ -105,10 +93,8 @@ def claim(engine: Engine, queue: str, limit: int, holder: str, ttl: float,
     trip for an idle consumer's pickup, not a DELETE and then the claim).
     """
     with engine.begin() as conn:
-        params: dict[str, Any] = {"queue": queue, "limit": limit, "holder": holder, "ttl": ttl}
-        if acked:
-            params["acked"] = list(acked)
-        rows = list(conn.execute(_CLAIM_AND_ACK if acked else _CLAIM, params))
+        rows = list(conn.execute(_CLAIM, {"queue": queue, "limit": limit, "holder": holder, "ttl": ttl,
+                                          "acked": list(acked)}))
     # RETURNING follows no order: the claim's order is put back here.
     rows.sort(key=lambda row: (-row.priority, row.id))
     claimed: list[Claimed] = []
