@@ -15,7 +15,11 @@ PostgreSQL 127.0.0.1:5432 (``DURABLE_TEST_POSTGRES_URL``), a fresh schema per ru
 ``--workers N`` adds real workers (``benchmarks/benchapp.py``, Redis 127.0.0.1:6379 for the tally):
 N no-op tasks pre-loaded, then one ``celery worker -P durable`` starts; tasks/s from the first
 task's start to the last one's end, side by side in one run: on Redis, on this broker with one
-queue, and on this broker with the work on the last of 200 queues (prefork -c 2 and threads -c 8).
+queue, and on this broker with the work on the last of 200 queues (prefork -c 2 and threads -c 8);
+``--rounds R`` runs every side once per round, back to back (interleaved, the load printed);
+``--pickups N`` adds a ``-P durable`` worker's idle pickup (N pings, p50 of start - send) on Redis
+and on this broker each round; the claim statements one pass over 200 queues sends are counted on
+the engine and printed. ``--workers-only`` skips the transport-alone figures.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -37,7 +43,7 @@ from kombu import Connection, Exchange, Queue
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from celery_durable.broker import register
+from celery_durable.broker import register, rows
 from celery_durable.store.engine import dispose_all, ensure_schema
 from tests.services import POSTGRES_URL
 
@@ -134,6 +140,26 @@ OBSERVE_URL = os.environ.get("DURABLE_TEST_OBSERVE_URL", "redis://127.0.0.1:6379
 REDIS_URL = os.environ.get("DURABLE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
+@contextmanager
+def _worker(broker_url: str, queues: list[str], argv: list[str], conf: dict[str, object],
+            key: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """One ``celery worker`` of benchapp on ``queues``, its log in /tmp; terminated on the way out."""
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, BENCH_BROKER=broker_url, BENCH_QUEUES=",".join(queues), BENCH_CONF=json.dumps(conf),
+               BENCH_OBSERVE=OBSERVE_URL,
+               PYTHONPATH=os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]))
+    log = Path("/tmp") / f"pg-bench-{key.rsplit(':', 1)[1][:8]}.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "benchapp", "worker", *argv,
+                                   "-Q", ",".join(queues), "--without-mingle", "--without-gossip",
+                                   "-l", "warning"], cwd=here, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield worker, log
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+
+
 def worker_throughput(broker_url: str, queues: list[str], count: int, argv: list[str],
                       conf: dict[str, object]) -> float:
     """``count`` no-ops pre-loaded on the last of ``queues``, then one worker on all of them: tasks/s."""
@@ -146,41 +172,101 @@ def worker_throughput(broker_url: str, queues: list[str], count: int, argv: list
     with producer.producer_or_acquire() as pub:
         for _ in range(count):
             producer.send_task("bench.noop", args=[key], queue=queues[-1], producer=pub)
-    here = Path(__file__).resolve().parent
-    env = dict(os.environ, BENCH_BROKER=broker_url, BENCH_QUEUES=",".join(queues), BENCH_CONF=json.dumps(conf),
-               BENCH_OBSERVE=OBSERVE_URL,
-               PYTHONPATH=os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]))
-    log = Path("/tmp") / f"pg-bench-{key.rsplit(':', 1)[1][:8]}.log"
-    with open(log, "wb") as out:
-        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "benchapp", "worker", *argv,
-                                   "-Q", ",".join(queues), "--without-mingle", "--without-gossip",
-                                   "-l", "warning"], cwd=here, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60 + count / 20
-        while int(observer.get(f"{key}:n") or 0) < count:
-            if worker.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the worker did not run {count} tasks: see {log}")
-            time.sleep(0.1)
-        seconds = float(observer.get(f"{key}:last")) - float(observer.get(f"{key}:first"))  # type: ignore[arg-type]
-        return count / seconds
+        with _worker(broker_url, queues, argv, conf, key) as (worker, log):
+            deadline = time.monotonic() + 60 + count / 20
+            while int(observer.get(f"{key}:n") or 0) < count:
+                if worker.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the worker did not run {count} tasks: see {log}")
+                time.sleep(0.1)
+            seconds = float(observer.get(f"{key}:last")) - float(observer.get(f"{key}:first"))  # type: ignore[arg-type]
+            return count / seconds
     finally:
-        worker.terminate()
-        worker.wait(timeout=60)
         observer.delete(f"{key}:n", f"{key}:first", f"{key}:last")
         producer.close()
 
 
-def workers(pg_url: str, count: int) -> None:
+def worker_pickup(broker_url: str, queue: str, argv: list[str], conf: dict[str, object], samples: int,
+                  warmup: int = 10, pause: float = 0.02) -> float:
+    """One ping at a time to an idle worker (the last one ended): p50 of task start - send, ms."""
+    import redis
+    from celery import Celery
+
+    observer = redis.Redis.from_url(OBSERVE_URL)
+    key = f"bench:pgpick:{uuid.uuid4().hex}"
+    producer = Celery("pg-bench-pickup", broker=broker_url, set_as_current=False)
+    try:
+        with _worker(broker_url, [queue], argv, conf, key) as (worker, log), \
+                producer.producer_or_acquire() as pub:
+            deadline = time.monotonic() + 60
+            while b"ready." not in log.read_bytes():
+                if worker.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the worker did not start: see {log}")
+                time.sleep(0.1)
+            latencies = []
+            for i in range(warmup + samples):
+                time.sleep(pause)
+                sent = time.time()
+                producer.send_task("bench.ping", args=[key, sent], queue=queue, producer=pub)
+                got = observer.blpop([key], timeout=30)
+                if got is None:
+                    raise RuntimeError(f"sample {i}: the ping did not run within 30 s: see {log}")
+                if i >= warmup:
+                    latencies.append(float(got[1]) * 1000)
+            return statistics.median(latencies)
+    finally:
+        observer.delete(key)
+        producer.close()
+
+
+def statements_per_pass(db_url: str, queues: list[str]) -> int:
+    """SQL statements one ``-P durable`` claim pass over ``queues`` (work on the last) sends, counted."""
+    from celery_durable.broker.backend import PgRows
+
+    with ensure_schema(db_url).begin() as conn:
+        rows.insert(conn, [rows.Outgoing(queues[-1], {"properties": {}, "body": "x"})])
+    backend = PgRows(db_url, lease_ttl=30)
+    backend.claim_pass(queues, [1] * len(queues), 1)  # warm: the pool's connection is open
+    with ensure_schema(db_url).begin() as conn:
+        rows.insert(conn, [rows.Outgoing(queues[-1], {"properties": {}, "body": "y"})])
+    seen: list[str] = []
+
+    def count(conn: object, cursor: object, statement: str, *args: object) -> None:
+        seen.append(statement)
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", count)
+    try:
+        asks = backend.claim_pass(queues, [1] * len(queues), 1)
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", count)
+        backend.close()
+    if sum(taken for _, _, taken, _ in asks) != 1:
+        raise RuntimeError("the measured pass took no row")
+    return len(seen)
+
+
+def workers(pg_url: str, count: int, rounds: int, pickups: int) -> None:
+    """Each round runs every side once, back to back (Redis, this broker, this broker on 200 queues)."""
     tag = uuid.uuid4().hex[:6]
     one = [f"pgb-{tag}-one"]
     many = [f"pgb-{tag}-{i:03d}" for i in range(200)]
-    for name, argv, conf in WORKER_VARIANTS:
-        redis_rate = worker_throughput(REDIS_URL, [f"pgb-{tag}-redis"], count, argv, conf)
-        pg_rate = worker_throughput(pg_url, one, count, argv, conf)
-        pg_many = worker_throughput(pg_url, many, count, argv, conf)
-        print(f"{name}, {count} no-ops: Redis {redis_rate:,.0f}/s; PostgreSQL broker {pg_rate:,.0f}/s "
-              f"({pg_rate / redis_rate:.2f}x Redis); work on the last of 200 queues {pg_many:,.0f}/s "
-              f"({pg_many / pg_rate:.2f}x one queue)")
+    print(f"claim statements per pass, 200 queues with work on the last: "
+          f"{statements_per_pass(pg_url.removeprefix('durable+'), many)}")
+    for n in range(1, rounds + 1):
+        print(f"-- round {n} (load average {os.getloadavg()[0]:.2f})")
+        for name, argv, conf in WORKER_VARIANTS:
+            redis_rate = worker_throughput(REDIS_URL, [f"pgb-{tag}-redis"], count, argv, conf)
+            pg_rate = worker_throughput(pg_url, one, count, argv, conf)
+            pg_many = worker_throughput(pg_url, many, count, argv, conf)
+            print(f"{name}, {count} no-ops: Redis {redis_rate:,.0f}/s; PostgreSQL broker {pg_rate:,.0f}/s "
+                  f"({pg_rate / redis_rate:.2f}x Redis); work on the last of 200 queues {pg_many:,.0f}/s "
+                  f"({pg_many / pg_rate:.2f}x one queue)")
+        if pickups:
+            name, argv, conf = WORKER_VARIANTS[0]
+            redis_p50 = worker_pickup(REDIS_URL, f"pgb-{tag}-redis-pick", argv, conf, pickups)
+            pg_p50 = worker_pickup(pg_url, f"pgb-{tag}-pick", argv, conf, pickups)
+            print(f"{name}, idle pickup p50 ({pickups} pings): Redis {redis_p50:.2f} ms; PostgreSQL broker "
+                  f"{pg_p50:.2f} ms ({pg_p50 - redis_p50:+.2f} ms)")
 
 
 def main() -> None:
@@ -191,6 +277,10 @@ def main() -> None:
     parser.add_argument("--latency", type=int, default=200)
     parser.add_argument("--workers", type=int, default=0, metavar="N",
                         help="also real -P durable workers on N pre-loaded no-ops (Redis vs this broker)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of the worker figures (each side per round)")
+    parser.add_argument("--pickups", type=int, default=0, metavar="N",
+                        help="also a -P durable worker's idle pickup, N pings, on Redis and on this broker")
+    parser.add_argument("--workers-only", action="store_true", help="skip the transport-alone figures")
     args = parser.parse_args()
 
     register()
@@ -202,6 +292,9 @@ def main() -> None:
     url = f"durable+{db}"
     try:
         ensure_schema(db)
+        if args.workers_only:
+            workers(url, args.workers, args.rounds, args.pickups)
+            return
         with Connection(url) as conn:
             published = batch_publish(conn, args.messages, args.batch)
             print(f"batch publish ({args.batch}/statement): {published:,.0f} messages/s")
@@ -213,7 +306,7 @@ def main() -> None:
         print(f"idle pickup, publish -> delivery ({args.latency} samples, LISTEN/NOTIFY): "
               f"p50 {p50:.2f} ms, p99 {p99:.2f} ms")
         if args.workers:
-            workers(url, args.workers)
+            workers(url, args.workers, args.rounds, args.pickups)
     finally:
         dispose_all()
         with admin.connect() as c:

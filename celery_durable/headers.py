@@ -33,6 +33,7 @@ PARKED_REASON_HEADER = "x-durable-parked-reason"
 TASK_NAME_HEADER = "task"
 TASK_ID_HEADER = "id"
 ETA_HEADER = "eta"
+TASK_RETRIES_HEADER = "retries"
 
 # -- broker names beside a queue or kombu's unacked hash ---------------------------------------------
 #: ``<queue>.durable.parked``: where a queue's poison messages go (a Redis list or a broker queue).

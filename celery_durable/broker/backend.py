@@ -6,11 +6,12 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery_durable.broker import in_transaction, rows
-from celery_durable.broker.leases import RowLeaseKeeper
+from celery_durable.broker.dead_letters import PARK, Burial
+from celery_durable.broker.leases import Heartbeat, RowLeaseKeeper
 from celery_durable.store.engine import autocommit, ensure_schema, lazy_commit
 from celery_durable.store.notify import Waker
 
@@ -27,8 +28,11 @@ class PgRows:
     holds a row and never runs a thread. Delivery tags are row ids.
     """
 
-    def __init__(self, url: str, lease_ttl: float) -> None:
+    def __init__(self, url: str, lease_ttl: float,
+                 bury: Callable[[str, dict[str, Any], int], Burial | None] | None = None) -> None:
         self.url = url
+        #: Decides what a claim does with a row whose holders died (``dead_letters.bury``); None: deliver it.
+        self._bury = bury
         self.lease_ttl = lease_ttl
         self.holder = new_holder()
         self._pid = os.getpid()
@@ -51,11 +55,15 @@ class PgRows:
             rows.insert(conn, outgoing)
 
     def claim(self, queue: str, limit: int) -> list[dict[str, Any]]:
-        self.flush_acks()
-        taken = rows.claim(self.lazy, queue, limit, self.holder, self.lease_ttl)
+        acked = self._take_acks()
+        try:
+            taken = rows.claim(self.lazy, queue, limit, self.holder, self.lease_ttl, acked)
+        except BaseException:
+            self._return_acks(acked)
+            raise
         if taken:
             self._keeper.start()
-        return [_delivered(row) for row in taken]
+        return [_delivered(row) for row in self._live(taken)]
 
     def claim_pass(self, queues: Sequence[str], free: Sequence[int],
                    room: int | None) -> list[tuple[str, int, int, list[dict[str, Any]]]]:
@@ -68,7 +76,29 @@ class PgRows:
             raise
         if asks:
             self._keeper.start()
-        return [(ask.queue, ask.count, ask.taken, [_delivered(row) for row in ask.claimed]) for ask in asks]
+        return [(ask.queue, ask.count, ask.taken, [_delivered(row) for row in self._live(ask.claimed)])
+                for ask in asks]
+
+    def _live(self, taken: list[rows.Claimed]) -> list[rows.Claimed]:
+        """The claimed rows to hand out: a row whose dead holders spent its task's budget is buried here,
+        by the claim (deleted once its run is settled dead, or parked), never handed out as work."""
+        if self._bury is None or not any(row.lapses for row in taken):
+            return taken
+        live = []
+        for row in taken:
+            burial = self._bury(row.queue, row.payload, row.lapses) if row.lapses else None
+            if burial is None:
+                live.append(row)
+            elif burial.kind == PARK:
+                rows.park_dead(self.lazy, rows.Claimed(row.id, row.queue, row.priority, burial.payload,
+                                                       row.delivery_count, row.lapses), self.holder)
+            else:
+                rows.ack(self.lazy, [row.id], self.holder)
+        return live
+
+    def beat_with(self, heartbeat: Heartbeat) -> None:
+        """Renew this holder's rows on ``heartbeat`` (a ``-P durable`` worker's lease keeper): one beat per worker."""
+        self._keeper.beat_with(heartbeat)
 
     def renew(self) -> int:
         self.flush_acks()
@@ -121,6 +151,12 @@ class PgRows:
 
     def clear_wakeups(self) -> None:
         self._wakeups().clear()
+
+    def wakeup_fds(self) -> list[int]:
+        return self._wakeups().fds()
+
+    def take_wakeups(self) -> tuple[bool, set[str]]:
+        return self._wakeups().take()
 
     def wait(self, timeout: float) -> bool:
         self.flush_acks()

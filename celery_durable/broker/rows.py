@@ -39,6 +39,8 @@ class Claimed:
     priority: int
     payload: dict[str, Any]
     delivery_count: int
+    #: Hand-outs whose holder died (its lease lapsed with the row still named its).
+    lapses: int = 0
 
 
 _INSERT = sa.text(
@@ -48,24 +50,19 @@ _INSERT = sa.text(
     "CAST(:delays AS float8[])) AS m(queue, priority, payload, delay)"
 )
 
-# One statement: the ready rows of a queue in (priority, id) order, skipping rows another
-# consumer has locked, taken with holder and lease set; the database's clock decides both
-# readiness and expiry, so no worker's clock skew hands out a live holder's row.
+# One statement (migration 0009's function): the ready rows of a queue in (priority, id) order,
+# skipping rows another consumer has locked, taken with holder and lease set, after deleting the
+# holder's acks since its last statement; the database's clock decides both readiness and expiry,
+# so no worker's clock skew hands out a live holder's row.
 _CLAIM = sa.text(
-    "WITH ready AS ("
-    " SELECT id FROM durable_broker_messages"
-    " WHERE queue = :queue AND visible_at <= now()"
-    "   AND (holder IS NULL OR lease_expires_at < now())"
-    " ORDER BY priority DESC, id LIMIT :limit FOR UPDATE SKIP LOCKED)"
-    " UPDATE durable_broker_messages AS m SET holder = :holder,"
-    "   lease_expires_at = now() + make_interval(secs => :ttl), delivery_count = m.delivery_count + 1"
-    " FROM ready WHERE m.id = ready.id"
-    " RETURNING m.id, m.queue, m.priority, m.payload, m.delivery_count"
+    "SELECT r_id AS id, r_queue AS queue, r_priority AS priority, r_payload AS payload, "
+    "r_delivery_count AS delivery_count, r_lapses AS lapses "
+    "FROM durable_broker_claim(:queue, :limit, :holder, :ttl, CAST(:acked AS bigint[]))"
 )
 
 # The whole pass (migration 0009's function): the claim sweep server-side, one statement for every queue.
 _CLAIM_PASS = sa.text(
-    "SELECT r_ask, r_queue, r_asked, r_id, r_priority, r_payload, r_delivery_count "
+    "SELECT r_ask, r_queue, r_asked, r_id, r_priority, r_payload, r_delivery_count, r_lapses "
     "FROM durable_broker_claim_pass(CAST(:queues AS text[]), CAST(:free AS int[]), :room, :holder, :ttl, "
     "CAST(:acked AS bigint[]))"
 )
@@ -88,10 +85,16 @@ def insert(conn: Connection, messages: Sequence[Outgoing]) -> None:
     })
 
 
-def claim(engine: Engine, queue: str, limit: int, holder: str, ttl: float) -> list[Claimed]:
-    """Take up to ``limit`` ready rows of ``queue`` for ``holder`` under a lease of ``ttl`` seconds, oldest first."""
+def claim(engine: Engine, queue: str, limit: int, holder: str, ttl: float,
+          acked: Sequence[int] = ()) -> list[Claimed]:
+    """Take up to ``limit`` ready rows of ``queue`` for ``holder`` under a lease of ``ttl`` seconds, oldest first.
+
+    ``acked``: rows ``holder`` acked since its last statement, deleted by the same statement (one round
+    trip for an idle consumer's pickup, not a DELETE and then the claim).
+    """
     with engine.begin() as conn:
-        rows = list(conn.execute(_CLAIM, {"queue": queue, "limit": limit, "holder": holder, "ttl": ttl}))
+        rows = list(conn.execute(_CLAIM, {"queue": queue, "limit": limit, "holder": holder, "ttl": ttl,
+                                          "acked": list(acked)}))
     # RETURNING follows no order: the claim's order is put back here.
     rows.sort(key=lambda row: (-row.priority, row.id))
     claimed: list[Claimed] = []
@@ -102,7 +105,7 @@ def claim(engine: Engine, queue: str, limit: int, holder: str, ttl: float) -> li
             poison.append(row.id)
             _log_parked(row.id, row.queue)
         else:
-            claimed.append(Claimed(row.id, row.queue, row.priority, payload, row.delivery_count))
+            claimed.append(Claimed(row.id, row.queue, row.priority, payload, row.delivery_count, row.lapses))
     if poison:
         park(engine, poison)
     return claimed
@@ -141,7 +144,8 @@ def claim_pass(engine: Engine, queues: Sequence[str], free: Sequence[int], room:
             poison.append(row.r_id)
             _log_parked(row.r_id, row.r_queue)
         else:
-            ask.claimed.append(Claimed(row.r_id, row.r_queue, row.r_priority, payload, row.r_delivery_count))
+            ask.claimed.append(Claimed(row.r_id, row.r_queue, row.r_priority, payload, row.r_delivery_count,
+                                       row.r_lapses))
     if poison:
         park(engine, poison)
     return asks
@@ -170,6 +174,16 @@ def park(engine: Engine, ids: Sequence[int]) -> None:
     with engine.begin() as conn:
         conn.execute(table.update().where(table.c.id.in_(list(ids)))
                      .values(queue=table.c.queue + PARKED_SUFFIX, holder=None, lease_expires_at=None))
+
+
+def park_dead(engine: Engine, row: Claimed, holder: str) -> bool:
+    """Move a held row to its queue's parking queue with its message as given (a reason header added)."""
+    table = broker_messages
+    with engine.begin() as conn:
+        return bool(conn.execute(
+            table.update().where(table.c.id == row.id, table.c.holder == holder)
+            .values(queue=row.queue + PARKED_SUFFIX, payload=json.dumps(row.payload), holder=None,
+                    lease_expires_at=None)).rowcount == 1)
 
 
 def renew(engine: Engine, holder: str, ttl: float) -> int:

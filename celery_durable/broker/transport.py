@@ -6,6 +6,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from celery_durable.broker import dead_letters
 from celery_durable.broker.backend import PgRows
 from celery_durable.compat.virtual_rows import RowChannel, RowTransport
 from celery_durable.config import DEFAULT_LEASE_TTL, positive_seconds
@@ -36,7 +37,17 @@ class Transport(RowTransport):
         backend = sa.engine.make_url(url).get_backend_name()
         if backend != "postgresql":
             raise ConfigInvalid("broker_url", f"durable+ needs a postgresql:// database URL, got {backend}://")
-        return PgRows(url, lease_ttl(getattr(self.client, "transport_options", None)))
+        app = _current_app()
+        return PgRows(url, lease_ttl(getattr(self.client, "transport_options", None)),
+                      bury=lambda queue, payload, lapses: dead_letters.bury(app, queue, payload, lapses))
+
+
+def _current_app() -> Any:
+    """The app of the process opening the connection (a worker's is the one it runs): its task registry
+    tells the claim each task's budget."""
+    from celery import current_app
+
+    return current_app
 
 
 def database_url(client: Any) -> str:

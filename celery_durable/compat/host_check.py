@@ -49,7 +49,10 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
              "Channel._size", "Channel._purge", "Channel._delete",
              "Channel._new_queue", "Channel._has_queue", "Channel._restore", "Channel._restore_at_beginning",
              "Channel._get_message_priority", "Channel._lookup", "Transport.drain_events",
-             "QoS.can_consume_max_estimate"),
+             "QoS.can_consume_max_estimate", "Transport.register_with_event_loop"),
+    # In Celery's event loop: the hub polls the backend's wake-up fds (as kombu's Redis transport's sockets).
+    *_points("compat.virtual_rows", "kombu.asynchronous", "Hub.add_reader", "Hub.remove_reader",
+             "Hub.call_repeatedly"),
     *_points("compat.consumer", "celery.worker.consumer.consumer",
              "Consumer._limit_post_eta", "Consumer._restore_prefetch_count_after_connection_restart",
              "Consumer._update_prefetch_count",

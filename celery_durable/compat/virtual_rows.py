@@ -8,21 +8,30 @@ The hooks a virtual channel must fill are private names of kombu 5.x
 What changes from kombu's in-memory contract: an unacked message is a leased row, so giving one back
 (``reject(requeue=True)``, ``restore_unacked`` at close, ``basic_recover``) clears its holder in
 place instead of publishing a copy at the tail, and ``drain_events`` waits on the backend's wake-up
-(LISTEN/NOTIFY) instead of sleeping a polling interval. No fan-out exchange: Celery then leaves
+(LISTEN/NOTIFY) instead of sleeping a polling interval. In Celery's event loop (a worker with a hub)
+the transport is evented as kombu's Redis transport is: ``register_with_event_loop`` puts the
+backend's wake-up file descriptors (the LISTEN socket, a self-pipe) in the hub, and ``on_wakeup``
+claims for the consumers of the queues a NOTIFY named. No fan-out exchange: Celery then leaves
 remote control out of the worker by itself.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from queue import Empty
 from typing import Any, Protocol
 
 from kombu.transport import virtual
 
+from celery_durable.headers import ETA_HEADER
+
 #: Rows a channel with no prefetch limit takes in one claim.
 UNLIMITED_BATCH = 100
+
+#: Claims one wake-up may make for a transport's consumers before the event loop serves its other readers.
+MAX_CLAIMS_PER_WAKE = 8
 
 #: The header naming a delivery delay in milliseconds (the convention of RabbitMQ's delayed-message exchange).
 DELAY_HEADER = "x-delay"
@@ -54,7 +63,34 @@ class RowBackend(Protocol):
     def wake(self) -> None:
         """End a ``wait`` now, from any thread."""
 
+    def wakeup_fds(self) -> list[int]:
+        """The file descriptors that turn readable on a wake-up (for an event loop to poll)."""
+
+    def take_wakeups(self) -> tuple[bool, set[str]]:
+        """Forget the wake-ups seen so far: (woken by ``wake()``, the queues a NOTIFY named)."""
+
     def close(self) -> None: ...
+
+
+def delivery_delay(headers: Mapping[str, Any], now: float) -> float:
+    """Seconds until a message may be handed out: its ``x-delay``, or the time left to Celery's ``eta``
+    (a countdown or ETA of task protocol 2: an ISO 8601 time, UTC when it names no zone, as Celery's
+    default ``enable_utc``), whichever is later; 0 for a message due now or a time that does not parse."""
+    delay = 0.0
+    try:
+        delay = float(headers.get(DELAY_HEADER) or 0) / 1000.0
+    except (TypeError, ValueError):
+        pass
+    eta = headers.get(ETA_HEADER)
+    if isinstance(eta, str) and eta:
+        try:
+            at = datetime.fromisoformat(eta)
+        except ValueError:
+            return max(delay, 0.0)
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=timezone.utc)
+        delay = max(delay, at.timestamp() - now)
+    return max(delay, 0.0)
 
 
 class RowChannel(virtual.Channel):
@@ -75,8 +111,7 @@ class RowChannel(virtual.Channel):
         self.rows.publish([self._item(queue, message)])
 
     def _item(self, queue: str, message: dict[str, Any]) -> tuple[str, dict[str, Any], int, float]:
-        headers = message.get("headers") or {}
-        delay = float(headers.get(DELAY_HEADER) or 0) / 1000.0
+        delay = delivery_delay(message.get("headers") or {}, time.time())
         priority: int = self._get_message_priority(message)  # type: ignore[no-untyped-call]
         return queue, message, priority, delay
 
@@ -125,11 +160,15 @@ class RowChannel(virtual.Channel):
     def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
         self.rows.ack(delivery_tag)
         super().basic_ack(delivery_tag, multiple)  # type: ignore[no-untyped-call]
+        if self._consumers:
+            self.connection.room_freed()
 
     def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
         if not requeue:
             self.rows.ack(delivery_tag)
         super().basic_reject(delivery_tag, requeue=requeue)  # type: ignore[no-untyped-call]
+        if self._consumers:
+            self.connection.room_freed()
 
     @property
     def consuming(self) -> list[str]:
@@ -145,7 +184,7 @@ class RowTransport(virtual.Transport):
     Channel = RowChannel
 
     implements = virtual.Transport.implements.extend(
-        asynchronous=False,
+        asynchronous=True,
         exchange_type=frozenset(["direct", "topic"]),
         heartbeats=False,
     )
@@ -158,6 +197,8 @@ class RowTransport(virtual.Transport):
         self._rows: RowBackend | None = None
         self._turn = 0
         self._kicked = False
+        self._loop: Any = None
+        self._fds: set[int] = set()
 
     def open_rows(self) -> RowBackend:
         raise NotImplementedError
@@ -172,7 +213,54 @@ class RowTransport(virtual.Transport):
         self.rows  # noqa: B018 - a database that cannot be reached fails the connect, as kombu expects
         return super().establish_connection()  # type: ignore[no-untyped-call]
 
+    # -- in Celery's event loop (kombu's hub), as kombu's Redis transport is --------------------------
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        """Poll the backend's wake-ups in ``loop``: a NOTIFY or ``wake()`` claims for the consumers at once;
+        every ``polling_interval`` a claim catches a lost notification, a lapsed lease, a row come due."""
+        self._loop = loop
+        self._fds = set()
+        self._watch_fds()
+        loop.call_repeatedly(self.polling_interval, self._on_poll)
+
+    def _watch_fds(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        fds = set(self.rows.wakeup_fds())
+        for fd in self._fds - fds:  # a LISTEN connection that broke and was reopened
+            loop.remove_reader(fd)
+        for fd in fds - self._fds:
+            loop.add_reader(fd, self.on_wakeup, fd)
+        self._fds = fds
+
+    def on_wakeup(self, fileno: int) -> None:
+        woken, queues = self.rows.take_wakeups()
+        self._claim_for_consumers(None if woken else queues)
+
+    def _on_poll(self) -> None:
+        self._watch_fds()
+        self._claim_for_consumers(None)
+
+    def _claim_for_consumers(self, notified: set[str] | None) -> None:
+        # Until the consumers' prefetch room is full or their queues are dry; bounded, so a flood
+        # cannot keep the loop from its other readers.
+        for _ in range(MAX_CLAIMS_PER_WAKE):
+            if not self._deliver_some(notified):
+                return
+
+    def room_freed(self) -> None:
+        """An ack freed prefetch room on a consuming channel: in an event loop, claim again soon."""
+        if self._loop is not None and self._rows is not None:
+            self._rows.wake()
+
     def close_connection(self, connection: Any) -> None:
+        loop, self._loop = self._loop, None
+        for fd in self._fds:
+            try:
+                loop.remove_reader(fd)
+            except Exception:  # noqa: BLE001 - a hub Celery reset has forgotten the fd already
+                pass
+        self._fds = set()
         try:
             super().close_connection(connection)  # type: ignore[no-untyped-call]
         finally:
@@ -200,9 +288,11 @@ class RowTransport(virtual.Transport):
                 raise TimeoutError()  # socket.timeout, what kombu's callers catch
             self.rows.wait(left)
 
-    def _deliver_some(self) -> bool:
+    def _deliver_some(self, notified: set[str] | None = None) -> bool:
         for channel in list(self.channels):
             queues = channel.consuming
+            if notified is not None:
+                queues = [queue for queue in queues if queue in notified]
             if not queues:
                 continue
             self._turn = (self._turn + 1) % len(queues)

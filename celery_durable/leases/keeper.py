@@ -6,7 +6,9 @@ import logging
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from time import monotonic
+from typing import Any
 
 from celery_durable.store import limits, outage, runs
 from celery_durable.store.clock import store_now
@@ -36,6 +38,8 @@ class LeaseKeeper:
         #: Fleet-limit leases: url -> holder (a worker process's token) -> ttl. One
         #: statement renews every limit lease a holder has, however many.
         self._limit_holders: dict[str, dict[str, float]] = {}
+        #: Other renewals on the same beat (the PostgreSQL broker's held rows): key -> (renew, ttl).
+        self._beats: dict[str, tuple[Callable[[], Any], float]] = {}
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -57,6 +61,17 @@ class LeaseKeeper:
                 holders.pop(holder, None)
                 if not holders:
                     del self._limit_holders[url]
+
+    def hold_beat(self, key: str, renew: Callable[[], Any], ttl: float) -> None:
+        """Call ``renew()`` on this heartbeat (each third of the shortest TTL held) until :meth:`release_beat`:
+        one thread renews a worker's runs, limits and broker rows."""
+        with self._cond:
+            self._beats[key] = (renew, ttl)
+            self._start()
+
+    def release_beat(self, key: str) -> None:
+        with self._cond:
+            self._beats.pop(key, None)
 
     def _start(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -80,6 +95,7 @@ class LeaseKeeper:
     def _interval(self) -> float | None:
         ttls = [ttl for leases in self._held.values() for _, ttl in leases.values()]
         ttls += [ttl for holders in self._limit_holders.values() for ttl in holders.values()]
+        ttls += [ttl for _, ttl in self._beats.values()]
         return min(ttls) / 3.0 if ttls else None
 
     def _run(self) -> None:
@@ -102,6 +118,12 @@ class LeaseKeeper:
                 next_due = at + interval
                 snapshot = {url: dict(leases) for url, leases in self._held.items()}
                 limit_snapshot = {url: dict(holders) for url, holders in self._limit_holders.items()}
+                beats = list(self._beats.values())
+            for renew, _ in beats:
+                try:
+                    renew()
+                except Exception as err:  # noqa: BLE001 - the next beat tries again; a lease covers two misses
+                    logger.warning("durable.lease.beat_failed: %s", err, extra={"event": "durable.lease.beat_failed"})
             for url, leases in snapshot.items():
                 self._renew(url, leases)
             for url, holders in limit_snapshot.items():

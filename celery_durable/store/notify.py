@@ -93,6 +93,35 @@ class Waker:
         except BlockingIOError:
             pass
 
+    def fds(self) -> list[int]:
+        """The file descriptors an event loop polls for a wake-up: the self-pipe's, and LISTEN's socket
+        (opened here if it can be; it changes when a broken LISTEN connection is reopened)."""
+        self.open()
+        fds = [self._read_fd]
+        if self._listener is not None:
+            fds.append(int(self._listener.fileno()))
+        return fds
+
+    def take(self) -> tuple[bool, set[str]]:
+        """Forget the wake-ups seen so far and say what they were: (woken by ``wake()``, the NOTIFY payloads)."""
+        payloads: set[str] = set()
+        listener = self._listener
+        if listener is not None:
+            try:
+                listener.poll()
+                payloads = {notify.payload for notify in listener.notifies}
+                listener.notifies.clear()
+            except Exception:  # noqa: BLE001 - a broken LISTEN connection is dropped; the caller claims anyway
+                self._drop()
+                return True, payloads
+        woken = False
+        try:
+            while os.read(self._read_fd, 4096):
+                woken = True
+        except BlockingIOError:
+            pass
+        return woken, payloads
+
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds; True if woken before it ran out."""
         self.open()

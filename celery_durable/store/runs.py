@@ -263,6 +263,28 @@ def cancel(conn: Connection, *, run_id: str, task_name: str, queue: str | None, 
     return None if row is None else Run(**row._mapping)
 
 
+def bury(conn: Connection, *, run_id: str, task_name: str, queue: str | None, args: str, kwargs: str,
+         reason: str) -> Run | None:
+    """Settle dead a run no live attempt holds (or record it dead if it never started); None if it had
+    settled or a live attempt holds it. The broker's claim calls it for a message whose holders keep dying."""
+    _require_supported(conn)
+    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    at = store_now(conn)
+    stmt = insert(runs).values(
+        id=run_id, task_name=task_name, queue=queue, state=DEAD, attempts=0, args=args,
+        kwargs=kwargs, last_error=reason, started_at=at, updated_at=at, finished_at=at,
+    )
+    upsert = stmt.on_conflict_do_update(
+        index_elements=[runs.c.id],
+        set_={"state": DEAD, "last_error": reason, "updated_at": at, "finished_at": at,
+              "lease_holder": None, "lease_expires_at": None},
+        where=sa.and_(runs.c.state.not_in(sorted(SETTLED)),
+                      sa.or_(runs.c.lease_holder.is_(None), runs.c.lease_expires_at <= at)),
+    ).returning(*runs.c)
+    row = conn.execute(upsert).one_or_none()
+    return None if row is None else Run(**row._mapping)
+
+
 def get(conn: Connection, run_id: str) -> Run | None:
     row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).one_or_none()
     return None if row is None else Run(**row._mapping)

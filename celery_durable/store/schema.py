@@ -239,6 +239,8 @@ broker_messages = sa.Table(
     sa.Column("holder", sa.String(255), nullable=True),
     sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("delivery_count", sa.Integer, nullable=False, server_default="0"),
+    # Hand-outs whose holder's lease lapsed (it died): the claim settles dead a row past its task's budget.
+    sa.Column("lapses", sa.Integer, nullable=False, server_default="0"),
     sa.Index("ix_durable_broker_messages_claim", "queue", sa.text("priority DESC"), "id"),
     sa.Index("ix_durable_broker_messages_holder", "holder"),
 )

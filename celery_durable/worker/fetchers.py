@@ -15,6 +15,7 @@ from celery_durable.compat.host_types import HostChannel, HostMessage, RedisChan
 from celery_durable.compat.redis_channel import channel_client, channel_qos, is_redis
 from celery_durable.compat.transport_guards import guard_channel
 from celery_durable.headers import PARKED_SUFFIX
+from celery_durable.leases.keeper import keeper
 from celery_durable.worker.parking import (
     POISON_POLICY,
     envelope,
@@ -145,6 +146,9 @@ class PgFetcher:
     def __init__(self, channel: Any, accept: Any) -> None:
         self._channel = channel
         self._rows = channel.rows
+        # The worker's lease keeper renews the rows this worker holds, beside its runs and limits:
+        # one heartbeat per worker, not the transport's thread as well.
+        self._rows.beat_with(keeper())
         self._accept = prepare_accept_content(accept)
         self.round_trips = 0
 

@@ -9,6 +9,8 @@ requeue, ``restore_unacked`` at channel close, consume → ``drain_events`` →
 from __future__ import annotations
 
 import itertools
+import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +30,9 @@ class MemoryRows:
         self.calls: list[tuple[str, Any]] = []
         self.publishes = 0
         self.waits = 0
+        self.notified: set[str] = set()
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
 
     def publish(self, items: Sequence[tuple[str, dict[str, Any], int, float]]) -> None:
         self.publishes += 1
@@ -74,6 +79,25 @@ class MemoryRows:
 
     def wake(self) -> None:
         self.calls.append(("wake", None))
+        os.write(self._write_fd, b"x")
+
+    def notify(self, queue: str) -> None:
+        """What the insert trigger's NOTIFY does: the LISTEN socket turns readable, naming ``queue``."""
+        self.notified.add(queue)
+        os.write(self._write_fd, b"n")
+
+    def wakeup_fds(self) -> list[int]:
+        return [self._read_fd]
+
+    def take_wakeups(self) -> tuple[bool, set[str]]:
+        data = b""
+        try:
+            while chunk := os.read(self._read_fd, 4096):
+                data += chunk
+        except BlockingIOError:
+            pass
+        notified, self.notified = self.notified, set()
+        return b"x" in data, notified
 
     def close(self) -> None:
         self.calls.append(("close", None))
@@ -200,3 +224,59 @@ def test_wake_ends_a_drain_at_once_so_a_loop_without_a_hub_runs_its_queued_kicks
     with pytest.raises(TimeoutError):
         conn.drain_events(timeout=0.2)
     assert time.monotonic() - started >= 0.2
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    ({}, 0.0),
+    ({DELAY_HEADER: 1500}, 1.5),
+    ({"eta": "2026-12-05T10:00:03+00:00"}, 3.0),
+    ({"eta": "2026-12-05T10:00:03"}, 3.0),  # no zone: UTC, Celery's default enable_utc
+    ({"eta": "2026-12-05T11:00:03+01:00"}, 3.0),
+    ({"eta": "2026-12-05T09:59:00+00:00"}, 0.0),  # already due
+    ({"eta": "2026-12-05T10:00:03+00:00", DELAY_HEADER: 5000}, 5.0),  # the later of the two
+    ({"eta": "not a time"}, 0.0),
+    ({"eta": None}, 0.0),
+])
+def test_a_celery_eta_or_x_delay_header_is_the_rows_delay(headers: dict[str, Any], expected: float) -> None:
+    from datetime import datetime, timezone
+
+    from celery_durable.compat.virtual_rows import delivery_delay
+
+    now = datetime(2026, 12, 5, 10, 0, 0, tzinfo=timezone.utc).timestamp()
+    assert delivery_delay(headers, now) == pytest.approx(expected)
+
+
+def test_in_celerys_event_loop_a_notify_of_a_consumed_queue_claims_at_once_and_an_ack_claims_again(
+        conn: Any) -> None:
+    from kombu.asynchronous import Hub
+
+    assert conn.transport.implements.asynchronous  # Celery gives the worker a hub
+    hub = Hub()
+    got: list[Any] = []
+    other = Queue("other", Exchange("other"), "other")
+    conn.connect()
+    conn.transport.polling_interval = 60  # only a wake-up can explain a claim
+    with conn.Consumer([QUEUE], callbacks=[lambda body, m: got.append(m)], prefetch_count=1):
+        conn.transport.register_with_event_loop(conn.connection, hub)
+        loop = hub.create_loop()
+
+        def spin_until(condition: Any) -> None:
+            deadline = time.monotonic() + 5
+            while not condition():
+                assert time.monotonic() < deadline
+                next(loop)
+
+        conn.Producer().publish("elsewhere", exchange=other.exchange, routing_key="other", declare=[other])
+        BACKEND.notify("other")  # not a queue this consumer reads: no claim
+        claims = [c for c in BACKEND.calls if c[0] == "claim"]
+        spin_until(lambda: not BACKEND.notified)
+        assert [c for c in BACKEND.calls if c[0] == "claim"] == claims
+        _publish(conn, "one")
+        _publish(conn, "two")
+        BACKEND.notify("q")
+        spin_until(lambda: len(got) == 1)
+        assert got[0].payload == "one"
+        got[0].ack()  # the prefetch room it frees claims again, through the hub
+        spin_until(lambda: len(got) == 2)
+        assert got[1].payload == "two"
+    hub.close()

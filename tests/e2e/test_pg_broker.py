@@ -9,8 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from celery_durable.broker import register
+from celery_durable.store.engine import ensure_schema
 from tests.e2e.harness import Scenario, wait_for
 from tests.e2e.test_fairness_and_cap import assert_strict_turns
 from tests.stores import fresh_store
@@ -97,3 +99,54 @@ def test_three_backlogged_queues_among_fifty_run_in_strict_turns_at_cap_one(tmp_
             assert_strict_turns(s, worker, "abc", rounds=4)
         finally:
             s.cleanup()
+
+
+@pytest.mark.parametrize("pool", ["durable", "prefork"])
+def test_a_countdown_task_is_not_claimed_before_its_time_and_runs_after(pg_scenario: Scenario, pool: str) -> None:
+    s = pg_scenario
+    worker = s.worker(pool=pool, concurrency=2, queues=["a"], conf={"durable_lease_ttl": TTL}).wait_ready()
+    engine = ensure_schema(s.broker_url.removeprefix("durable+"))
+    sent = time.time()
+    task_id = s.send("a", "later", countdown=3)
+    # Until its time the row is no worker's: not claimed, not sitting in a worker's timer.
+    while time.time() - sent < 2.7:
+        with engine.connect() as conn:
+            held = conn.execute(sa.text("SELECT count(*) FROM durable_broker_messages WHERE holder IS NOT NULL")
+                                ).scalar()
+        assert held == 0, f"claimed {time.time() - sent:.2f}s after a countdown of 3s"
+        assert not s.labelled("start", "later")
+        time.sleep(0.1)
+    (ended,) = s.wait_ended(1, timeout=20)
+    assert ended["id"] == task_id
+    (started,) = s.labelled("start", "later")
+    assert started["t"] - sent >= 2.9, f"started {started['t'] - sent:.2f}s after a countdown of 3s"
+    assert worker.terminate() == 0
+
+
+@pytest.mark.parametrize("pool", ["durable", "prefork"])
+def test_a_row_whose_holders_all_died_is_parked_by_a_real_workers_claim_never_run(pg_scenario: Scenario,
+                                                                                  pool: str) -> None:
+    from celery_durable.broker import rows
+
+    s = pg_scenario
+    engine = ensure_schema(s.broker_url.removeprefix("durable+"))
+    queue = s.by_name["a"]
+    task_id = s.send("a", "doomed")
+    # e2e.record has Celery's default max_retries=3: four holders took the row and died (their leases
+    # lapsed), as four SIGKILLed workers would leave it — each hand-out its own claim.
+    for n in range(4):
+        deadline = time.monotonic() + 10
+        while not rows.claim(engine, queue, 1, f"dead-{n}", 0.3):
+            assert time.monotonic() < deadline, "the dead holder's lease never lapsed"
+            time.sleep(0.05)
+    time.sleep(0.4)
+    s.send("a", "fine")
+    worker = s.worker(pool=pool, concurrency=2, queues=["a"], conf={"durable_lease_ttl": TTL}).wait_ready()
+    wait_for(lambda: s.labelled("end", "fine"), timeout=30, what="the other task to run")
+    wait_for(lambda: "durable.broker.dead" in worker.log(), timeout=20, what="the burial to be logged")
+    with engine.connect() as conn:
+        parked = conn.execute(sa.text("SELECT queue, payload FROM durable_broker_messages")).all()
+    assert [r.queue for r in parked] == [queue + ".durable.parked"]
+    assert task_id in parked[0].payload and "x-durable-parked-reason" in parked[0].payload
+    assert not s.labelled("start", "doomed"), "a row whose holders all died was handed out as work"
+    assert worker.terminate() == 0

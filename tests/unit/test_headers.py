@@ -24,6 +24,7 @@ PINNED = {
     "TASK_NAME_HEADER": "task",
     "TASK_ID_HEADER": "id",
     "ETA_HEADER": "eta",
+    "TASK_RETRIES_HEADER": "retries",
     "PARKED_SUFFIX": ".durable.parked",
     "HOLDERS_SUFFIX": ".durable_holders",
     "HELD_SUFFIX": ".durable_held.",
@@ -34,7 +35,7 @@ PINNED = {
 }
 
 #: Celery's own names, too common a word ("id", "task") to look for elsewhere.
-CELERYS = {"TASK_NAME_HEADER", "TASK_ID_HEADER", "ETA_HEADER"}
+CELERYS = {"TASK_NAME_HEADER", "TASK_ID_HEADER", "ETA_HEADER", "TASK_RETRIES_HEADER"}
 
 #: The same spelling meaning something else, each with why it is not a wire name spelt twice.
 SAME_SPELLING = {

@@ -1,0 +1,253 @@
+"""The PostgreSQL broker's claim: dead at claim for rows whose holders keep dying; a countdown as visible_at."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from celery import Celery
+
+import celery_durable
+from celery_durable.broker import dead_letters, register, rows
+from celery_durable.broker.backend import PgRows
+from celery_durable.headers import PARKED_REASON_HEADER
+from celery_durable.metrics import jobs as metrics
+from celery_durable.store.engine import ensure_schema
+from celery_durable.tasks import runs as durable_runs
+from tests.stores import fresh_store
+
+DYING_TTL = 0.3
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> Iterator[str]:
+    with fresh_store("postgresql", tmp_path) as url:
+        ensure_schema(url)
+        yield url
+
+
+def _app(db_url: str) -> Celery:
+    register()
+    app = Celery(f"dead{uuid.uuid4().hex[:6]}", broker=f"durable+{db_url}", set_as_current=False)
+    celery_durable.install(app)
+    app.conf.update(durable_database_url=db_url, task_default_queue="q")
+    return app
+
+
+def _die_holding(db_url: str, times: int) -> None:
+    """``times`` holders each take the row and die (their leases lapse): what SIGKILLed workers leave."""
+    engine = ensure_schema(db_url)
+    for n in range(times):
+        deadline = time.monotonic() + 5
+        while not rows.claim(engine, "q", 10, f"dead-{n}", DYING_TTL):
+            assert time.monotonic() < deadline, "the dead holder's lease never lapsed"
+            time.sleep(0.05)
+    time.sleep(DYING_TTL + 0.1)
+
+
+def _claimer(db_url: str, app: Celery) -> PgRows:
+    return PgRows(db_url, lease_ttl=30, bury=lambda q, p, n: dead_letters.bury(app, q, p, n))
+
+
+def _rows(db_url: str) -> list[Any]:
+    with ensure_schema(db_url).connect() as c:
+        return c.execute(sa.text("SELECT queue, payload, holder, lapses FROM durable_broker_messages")).all()
+
+
+def test_a_plain_tasks_row_is_delivered_while_budget_is_left_then_parked_with_a_reason(db_url: str) -> None:
+    app = _app(db_url)
+
+    @app.task(name="plain", max_retries=1)
+    def plain() -> None: ...
+
+    result = plain.delay()
+    _die_holding(db_url, 1)
+    live = _claimer(db_url, app)
+    try:
+        # One holder died: the task may be run twice (max_retries=1), so this hand-out is work.
+        (got,) = live.claim("q", 10)
+        assert got["headers"]["id"] == result.id and got["redelivered"] is True
+        live.give_back(got["properties"]["delivery_tag"])
+        _die_holding(db_url, 1)  # a second holder dies: the budget of two hand-outs is spent
+        before = metrics.value("q", "dead_lettered")
+        assert live.claim("q", 10) == []
+    finally:
+        live.close()
+    ((queue, payload, holder, lapses),) = _rows(db_url)
+    assert (queue, holder, lapses) == ("q.durable.parked", None, 2)
+    message = json.loads(payload)
+    assert message["headers"]["id"] == result.id
+    assert "every holder died" in message["headers"][PARKED_REASON_HEADER]
+    assert metrics.value("q", "dead_lettered") == before + 1
+
+
+def test_a_durable_tasks_run_is_settled_dead_by_the_claim_and_its_row_deleted(db_url: str) -> None:
+    app = _app(db_url)
+    settled: list[Any] = []
+
+    @app.durable_task(name="durable", max_retries=0, on_settled=settled.append)
+    def durable(order: int) -> None: ...
+
+    result = durable.delay(7)
+    _die_holding(db_url, 1)
+    live = _claimer(db_url, app)
+    try:
+        assert live.claim("q", 10) == []
+    finally:
+        live.close()
+    assert _rows(db_url) == []
+    run = durable_runs.get(result.id, app=app)
+    assert run.state == "dead" and "every holder died" in (run.last_error or "")
+    assert json.loads(run.args) == [7]  # requeue-able as it came
+    assert [r.id for r in settled] == [result.id]
+
+
+def test_a_row_given_back_is_not_a_lapse_and_a_task_with_no_limit_is_never_buried(db_url: str) -> None:
+    app = _app(db_url)
+
+    @app.task(name="unbounded", max_retries=None)
+    def unbounded() -> None: ...
+
+    @app.task(name="bounded", max_retries=0)
+    def bounded() -> None: ...
+
+    unbounded.delay()
+    _die_holding(db_url, 3)
+    bounded.apply_async(queue="r")
+    live = _claimer(db_url, app)
+    try:
+        assert [m["headers"]["task"] for m in live.claim("q", 10)] == ["unbounded"]
+        for _ in range(3):  # handed back (a warm shutdown, a requeue): no holder died
+            (got,) = live.claim("r", 10)
+            live.give_back(got["properties"]["delivery_tag"])
+        assert [m["headers"]["task"] for m in live.claim("r", 10)] == ["bounded"]
+    finally:
+        live.close()
+
+
+def test_the_whole_pass_buries_too(db_url: str) -> None:
+    app = _app(db_url)
+
+    @app.task(name="plain-in-a-pass", max_retries=0)
+    def plain() -> None: ...
+
+    plain.delay()
+    plain.apply_async(queue="other")
+    _die_holding(db_url, 1)
+    live = _claimer(db_url, app)
+    try:
+        asks = live.claim_pass(["q", "other"], [5, 5], None)
+    finally:
+        live.close()
+    # The buried row was taken (and counts against the ask, as a parked poison row does); none is handed out
+    # from q, the other queue's is.
+    assert [(q, taken, len(messages)) for q, _, taken, messages in asks] == [("q", 1, 0), ("other", 1, 1)]
+    assert sorted(r.queue for r in _rows(db_url)) == ["other", "q.durable.parked"]
+
+
+def test_a_celery_countdown_rides_visible_at_so_no_claim_takes_it_before_its_time(db_url: str) -> None:
+    app = _app(db_url)
+
+    @app.task(name="later")
+    def later() -> None: ...
+
+    sent = time.monotonic()
+    result = later.apply_async(countdown=1.5)
+    live = _claimer(db_url, app)
+    try:
+        assert live.claim("q", 10) == []
+        while not (got := live.claim("q", 10)):
+            assert time.monotonic() - sent < 10, "the countdown row never came due"
+            time.sleep(0.05)
+        assert time.monotonic() - sent >= 1.4
+        assert [m["headers"]["id"] for m in got] == [result.id]
+        assert got[0]["headers"]["eta"]  # Celery's own eta still travels: the worker checks it on receipt
+    finally:
+        live.close()
+
+
+def test_a_durable_workers_lease_keeper_renews_its_rows_with_no_thread_of_the_transports(db_url: str) -> None:
+    import threading
+
+    from celery_durable.leases.keeper import LeaseKeeper
+
+    heartbeat = LeaseKeeper()
+    live = PgRows(db_url, lease_ttl=0.6)
+    live.beat_with(heartbeat)
+    engine = ensure_schema(db_url)
+    try:
+        with engine.begin() as c:
+            rows.insert(c, [rows.Outgoing("r", {"properties": {}, "body": "y"})])
+        assert len(live.claim("r", 1)) == 1
+        assert len(live.claim("r", 1)) == 0
+        assert not [t for t in threading.enumerate() if t.name == "durable-broker-leases"]
+        deadline = time.monotonic() + 2.5  # four TTLs: only the keeper's beat can have kept the row
+        while time.monotonic() < deadline:
+            assert rows.claim(engine, "r", 10, "thief", 30) == []
+            time.sleep(0.1)
+    finally:
+        live.close()
+    assert heartbeat._beats == {}  # closed: the keeper renews nothing of it any more
+    # Its row, no longer renewed, lapses one TTL later.
+    deadline = time.monotonic() + 5
+    while not rows.claim(engine, "r", 10, "thief", 30):
+        assert time.monotonic() < deadline, "the closed holder's row never lapsed"
+        time.sleep(0.05)
+
+
+def test_in_an_event_loop_the_listen_socket_wakes_the_consumer_on_a_notify_of_its_queue(db_url: str) -> None:
+    from kombu import Connection, Exchange, Queue
+    from kombu.asynchronous import Hub
+
+    register()
+    queue = Queue("q", Exchange("q"), "q")
+    hub = Hub()
+    got: list[float] = []
+    with Connection(f"durable+{db_url}") as consumer, Connection(f"durable+{db_url}") as producer:
+        consumer.connect()
+        consumer.transport.polling_interval = 60  # only the NOTIFY can explain a pickup
+        with consumer.Consumer([queue], callbacks=[lambda body, m: (got.append(time.monotonic()), m.ack())],
+                               prefetch_count=10):
+            consumer.transport.register_with_event_loop(consumer.connection, hub)
+            loop = hub.create_loop()
+            for _ in range(20):  # settle: the LISTEN is open, nothing pending
+                next(loop)
+            for n in range(3):
+                sent = time.monotonic()
+                producer.Producer().publish({"n": n}, exchange=queue.exchange, routing_key="q", declare=[queue])
+                while len(got) <= n:
+                    assert time.monotonic() - sent < 5, "the NOTIFY never woke the loop"
+                    next(loop)
+                assert got[n] - sent < 0.5
+    hub.close()
+
+
+@pytest.mark.parametrize(("asked", "with_rows", "also_present"), [
+    (200, {"q199": 3}, 0),                      # the skip scan finds the one queue with rows
+    (20, {"q000": 2, "q007": 1, "q019": 4}, 0),
+    (20, {"q003": 2, "q011": 2}, 40),            # more queues in the table than asked: every asked queue probed
+    (12, {"q005": 1}, 3),
+])
+def test_a_pass_over_many_queues_asks_as_the_pure_sweep_plans(db_url: str, asked: int, with_rows: dict[str, int],
+                                                             also_present: int) -> None:
+    from tests.integration.test_pg_broker import _planned
+
+    engine = ensure_schema(db_url)
+    queues = [f"q{i:03d}" for i in range(asked)]
+    with engine.begin() as c:
+        rows.insert(c, [rows.Outgoing(q, {"properties": {}, "body": f"{q}-{i}"})
+                        for q, n in with_rows.items() for i in range(n)])
+        # Queues this worker does not read, and a held row (present, not ready) in one it does.
+        rows.insert(c, [rows.Outgoing(f"other{i:03d}", {"properties": {}, "body": "o"}) for i in range(also_present)])
+        rows.insert(c, [rows.Outgoing(queues[1], {"properties": {}, "body": "held"})])
+    rows.claim(engine, queues[1], 1, "someone", 30)
+    ready = {q: with_rows.get(q, 0) for q in queues}
+    free = {q: 2 for q in queues}
+    asks = rows.claim_pass(engine, queues, [free[q] for q in queues], 5, "h", 30)
+    assert [(a.queue, a.count, a.taken) for a in asks] == _planned(queues, ready, free, 5)
