@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery_durable.broker import in_transaction, rows
+from celery_durable.broker.claim_connection import ClaimConnection
 from celery_durable.broker.dead_letters import PARK, Burial
 from celery_durable.broker.leases import Heartbeat, RowLeaseKeeper
 from celery_durable.store.engine import autocommit, ensure_schema, lazy_commit
@@ -39,6 +40,8 @@ class PgRows:
         # Each call is one statement (a batch insert, a claim's CTE): autocommit spares a BEGIN and a COMMIT.
         self.engine = autocommit(ensure_schema(url))
         self.lazy = lazy_commit(self.engine)
+        #: Claims, acks and renewals: one connection kept, straight to the driver (the per-run hot path).
+        self.hot = ClaimConnection(self.lazy)
         self._acked: list[int] = []
         self._keeper = RowLeaseKeeper(self.renew, lease_ttl)
         self._waker: Waker | None = None
@@ -57,7 +60,7 @@ class PgRows:
     def claim(self, queue: str, limit: int) -> list[dict[str, Any]]:
         acked = self._take_acks()
         try:
-            taken = rows.claim(self.lazy, queue, limit, self.holder, self.lease_ttl, acked)
+            taken = rows.claim(self.hot, queue, limit, self.holder, self.lease_ttl, acked)
         except BaseException:
             self._return_acks(acked)
             raise
@@ -70,7 +73,7 @@ class PgRows:
         """A whole claim pass in one statement: each ask that took rows as (queue, count, taken, payloads)."""
         acked = self._take_acks()
         try:
-            asks = rows.claim_pass(self.lazy, queues, free, room, self.holder, self.lease_ttl, acked)
+            asks = rows.claim_pass(self.hot, queues, free, room, self.holder, self.lease_ttl, acked)
         except BaseException:
             self._return_acks(acked)
             raise
@@ -93,7 +96,7 @@ class PgRows:
                 rows.park_dead(self.lazy, rows.Claimed(row.id, row.queue, row.priority, burial.payload,
                                                        row.delivery_count, row.lapses), self.holder)
             else:
-                rows.ack(self.lazy, [row.id], self.holder)
+                rows.ack(self.hot, [row.id], self.holder)
         return live
 
     def beat_with(self, heartbeat: Heartbeat) -> None:
@@ -102,7 +105,7 @@ class PgRows:
 
     def renew(self) -> int:
         self.flush_acks()
-        return rows.renew(self.lazy, self.holder, self.lease_ttl)
+        return rows.renew(self.hot, self.holder, self.lease_ttl)
 
     def ack(self, tag: Any) -> None:
         # Deleted in one statement with the others acked since, before the next claim, idle wait,
@@ -125,7 +128,7 @@ class PgRows:
         acked = self._take_acks()
         if acked:
             try:
-                rows.ack(self.lazy, acked, self.holder)
+                rows.ack(self.hot, acked, self.holder)
             except BaseException:
                 self._return_acks(acked)  # the next statement deletes them
                 raise
@@ -136,6 +139,11 @@ class PgRows:
             # unacked messages at exit): those rows are the parent's, live, and stay its.
             return
         rows.give_back(self.lazy, [int(tag)], self.holder)
+
+    def ping(self) -> None:
+        """One round trip on a pooled connection of the store's engine (a producer's connect opens nothing more)."""
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
 
     def size(self, queue: str) -> int:
         return rows.size(self.engine, queue)
@@ -167,10 +175,13 @@ class PgRows:
 
     def close(self) -> None:
         self._keeper.stop()
-        self.flush_acks()
-        if self._waker is not None:
-            self._waker.close()
-            self._waker = None
+        try:
+            self.flush_acks()
+        finally:
+            if self._waker is not None:
+                self._waker.close()
+                self._waker = None
+            self.hot.close()
 
 
 def _delivered(row: rows.Claimed) -> dict[str, Any]:

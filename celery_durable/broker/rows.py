@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from celery_durable.broker.claim_connection import ClaimConnection
 from celery_durable.headers import BROKER_CHANNEL, PARKED_SUFFIX
 from celery_durable.store.schema import broker_messages
 
@@ -50,27 +51,48 @@ _INSERT = sa.text(
     "CAST(:delays AS float8[])) AS m(queue, priority, payload, delay)"
 )
 
+# The statements a consumer makes per claim, ack and heartbeat, in the driver's own parameter style:
+# they run on a ``ClaimConnection`` (the hot path, no SQLAlchemy in between) or, in tests and tools,
+# on an engine.
+
 # One statement (migration 0009's function): the ready rows of a queue in (priority, id) order,
 # skipping rows another consumer has locked, taken with holder and lease set, after deleting the
 # holder's acks since its last statement; the database's clock decides both readiness and expiry,
 # so no worker's clock skew hands out a live holder's row.
-_CLAIM = sa.text(
-    "SELECT r_id AS id, r_queue AS queue, r_priority AS priority, r_payload AS payload, "
-    "r_delivery_count AS delivery_count, r_lapses AS lapses "
-    "FROM durable_broker_claim(:queue, :limit, :holder, :ttl, CAST(:acked AS bigint[]))"
+_CLAIM = (
+    "SELECT r_id, r_queue, r_priority, r_payload, r_delivery_count, r_lapses "
+    "FROM durable_broker_claim(%(queue)s, %(limit)s, %(holder)s, %(ttl)s, CAST(%(acked)s AS bigint[]))"
 )
 
 # The whole pass (migration 0009's function): the claim sweep server-side, one statement for every queue.
-_CLAIM_PASS = sa.text(
+_CLAIM_PASS = (
     "SELECT r_ask, r_queue, r_asked, r_id, r_priority, r_payload, r_delivery_count, r_lapses "
-    "FROM durable_broker_claim_pass(CAST(:queues AS text[]), CAST(:free AS int[]), :room, :holder, :ttl, "
-    "CAST(:acked AS bigint[]))"
+    "FROM durable_broker_claim_pass(CAST(%(queues)s AS text[]), CAST(%(free)s AS int[]), %(room)s, "
+    "%(holder)s, %(ttl)s, CAST(%(acked)s AS bigint[]))"
 )
 
-_RENEW = sa.text(
-    "UPDATE durable_broker_messages SET lease_expires_at = now() + make_interval(secs => :ttl) "
-    "WHERE holder = :holder"
+_RENEW = (
+    "UPDATE durable_broker_messages SET lease_expires_at = now() + make_interval(secs => %(ttl)s) "
+    "WHERE holder = %(holder)s"
 )
+
+_ACK = "DELETE FROM durable_broker_messages WHERE id = ANY(CAST(%(ids)s AS bigint[])) AND holder = %(holder)s"
+
+#: Where the per-claim statements run: the consumer's kept connection, or an engine (tests, tools).
+Target = ClaimConnection | Engine
+
+
+def _run(target: Target, sql: str, params: dict[str, Any]) -> tuple[list[tuple[Any, ...]], int]:
+    """(rows, rowcount) of ``sql`` on ``target``."""
+    if isinstance(target, ClaimConnection):
+        return target.execute(sql, params)
+    with target.begin() as conn:
+        result = conn.exec_driver_sql(sql, params)
+        return ([tuple(row) for row in result] if result.returns_rows else []), result.rowcount
+
+
+def _engine(target: Target) -> Engine:
+    return target.engine if isinstance(target, ClaimConnection) else target
 
 
 def insert(conn: Connection, messages: Sequence[Outgoing]) -> None:
@@ -85,29 +107,28 @@ def insert(conn: Connection, messages: Sequence[Outgoing]) -> None:
     })
 
 
-def claim(engine: Engine, queue: str, limit: int, holder: str, ttl: float,
+def claim(target: Target, queue: str, limit: int, holder: str, ttl: float,
           acked: Sequence[int] = ()) -> list[Claimed]:
     """Take up to ``limit`` ready rows of ``queue`` for ``holder`` under a lease of ``ttl`` seconds, oldest first.
 
     ``acked``: rows ``holder`` acked since its last statement, deleted by the same statement (one round
     trip for an idle consumer's pickup, not a DELETE and then the claim).
     """
-    with engine.begin() as conn:
-        rows = list(conn.execute(_CLAIM, {"queue": queue, "limit": limit, "holder": holder, "ttl": ttl,
-                                          "acked": list(acked)}))
+    rows, _ = _run(target, _CLAIM, {"queue": queue, "limit": limit, "holder": holder, "ttl": ttl,
+                                    "acked": list(acked)})
     # RETURNING follows no order: the claim's order is put back here.
-    rows.sort(key=lambda row: (-row.priority, row.id))
+    rows.sort(key=lambda row: (-row[2], row[0]))
     claimed: list[Claimed] = []
     poison: list[int] = []
-    for row in rows:
-        payload = _decoded(row.payload)
+    for row_id, row_queue, priority, text, delivery_count, lapses in rows:
+        payload = _decoded(text)
         if payload is None:
-            poison.append(row.id)
-            _log_parked(row.id, row.queue)
+            poison.append(row_id)
+            _log_parked(row_id, row_queue)
         else:
-            claimed.append(Claimed(row.id, row.queue, row.priority, payload, row.delivery_count, row.lapses))
+            claimed.append(Claimed(row_id, row_queue, priority, payload, delivery_count, lapses))
     if poison:
-        park(engine, poison)
+        park(_engine(target), poison)
     return claimed
 
 
@@ -121,33 +142,32 @@ class PassAsk:
     claimed: list[Claimed]
 
 
-def claim_pass(engine: Engine, queues: Sequence[str], free: Sequence[int], room: int | None, holder: str,
+def claim_pass(target: Target, queues: Sequence[str], free: Sequence[int], room: int | None, holder: str,
                ttl: float, acked: Sequence[int] = ()) -> list[PassAsk]:
     """Run a whole claim pass over ``queues`` (in that order) in one statement; the asks that took rows.
 
     ``acked``: rows ``holder`` acked since its last statement, deleted by the same statement first.
     """
-    with engine.begin() as conn:
-        rows = list(conn.execute(_CLAIM_PASS, {"queues": list(queues), "free": list(free),
-                                               "room": -1 if room is None else room, "holder": holder,
-                                               "ttl": ttl, "acked": list(acked)}))
-    rows.sort(key=lambda row: (row.r_ask, -row.r_priority, row.r_id))
+    rows, _ = _run(target, _CLAIM_PASS, {"queues": list(queues), "free": list(free),
+                                         "room": -1 if room is None else room, "holder": holder,
+                                         "ttl": ttl, "acked": list(acked)})
+    # By ask, then the claim's order within it (RETURNING follows none).
+    rows.sort(key=lambda row: (row[0], -row[4], row[3]))
     asks: list[PassAsk] = []
     poison: list[int] = []
-    for row in rows:
-        if not asks or len(asks) < row.r_ask:
-            asks.append(PassAsk(row.r_queue, row.r_asked, 0, []))
+    for ask_number, row_queue, asked, row_id, priority, text, delivery_count, lapses in rows:
+        if not asks or len(asks) < ask_number:
+            asks.append(PassAsk(row_queue, asked, 0, []))
         ask = asks[-1]
-        payload = _decoded(row.r_payload)
+        payload = _decoded(text)
         asks[-1] = PassAsk(ask.queue, ask.count, ask.taken + 1, ask.claimed)
         if payload is None:
-            poison.append(row.r_id)
-            _log_parked(row.r_id, row.r_queue)
+            poison.append(row_id)
+            _log_parked(row_id, row_queue)
         else:
-            ask.claimed.append(Claimed(row.r_id, row.r_queue, row.r_priority, payload, row.r_delivery_count,
-                                       row.r_lapses))
+            ask.claimed.append(Claimed(row_id, row_queue, priority, payload, delivery_count, lapses))
     if poison:
-        park(engine, poison)
+        park(_engine(target), poison)
     return asks
 
 
@@ -186,20 +206,16 @@ def park_dead(engine: Engine, row: Claimed, holder: str) -> bool:
                     lease_expires_at=None)).rowcount == 1)
 
 
-def renew(engine: Engine, holder: str, ttl: float) -> int:
+def renew(target: Target, holder: str, ttl: float) -> int:
     """Extend the lease of every row ``holder`` holds to ``ttl`` seconds from now; how many."""
-    with engine.begin() as conn:
-        return int(conn.execute(_RENEW, {"holder": holder, "ttl": ttl}).rowcount)
+    return _run(target, _RENEW, {"holder": holder, "ttl": ttl})[1]
 
 
-def ack(engine: Engine, ids: Sequence[int], holder: str) -> int:
+def ack(target: Target, ids: Sequence[int], holder: str) -> int:
     """Delete the rows ``holder`` still holds among ``ids``; a row another took after a lapse stays theirs."""
     if not ids:
         return 0
-    table = broker_messages
-    with engine.begin() as conn:
-        return int(conn.execute(
-            table.delete().where(table.c.id.in_(list(ids)), table.c.holder == holder)).rowcount)
+    return _run(target, _ACK, {"ids": [int(i) for i in ids], "holder": holder})[1]
 
 
 def give_back(engine: Engine, ids: Sequence[int], holder: str) -> int:

@@ -55,6 +55,9 @@ class RowBackend(Protocol):
 
     def purge(self, queue: str) -> int: ...
 
+    def ping(self) -> None:
+        """Reach the store now, raising the transport's connection error if it cannot be reached."""
+
     def clear_wakeups(self) -> None: ...
 
     def wait(self, timeout: float) -> bool:
@@ -210,7 +213,11 @@ class RowTransport(virtual.Transport):
         return self._rows
 
     def establish_connection(self) -> Any:
-        self.rows  # noqa: B018 - a database that cannot be reached fails the connect, as kombu expects
+        # A database that cannot be reached fails the connect, as kombu's Redis channel's PING does:
+        # kombu then retries it with its backoff ("Trying again in 2.00 seconds"). A connect that
+        # succeeded without reaching it would start the consumer only to fail at once, restarting
+        # Celery's consumer in a tight loop for the whole outage.
+        self.rows.ping()
         return super().establish_connection()  # type: ignore[no-untyped-call]
 
     # -- in Celery's event loop (kombu's hub), as kombu's Redis transport is --------------------------

@@ -65,6 +65,9 @@ class MemoryRows:
     def size(self, queue: str) -> int:
         return sum(row["queue"] == queue for row in self.rows)
 
+    def ping(self) -> None:
+        self.calls.append(("ping", None))
+
     def purge(self, queue: str) -> int:
         before = len(self.rows)
         self.rows = [row for row in self.rows if row["queue"] != queue or row["held"]]

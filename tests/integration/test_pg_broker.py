@@ -86,14 +86,15 @@ def test_acks_are_one_delete_per_batch(conn: Connection, db_url: str) -> None:
         _publish(conn, n)
     deleting: list[Any] = []
 
-    def seen(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+    def seen(statement: str, parameters: Any) -> None:
         # A DELETE of its own, or a claim carrying the acks since the last statement (durable_broker_claim
         # deletes them first, in the same call).
         if "DELETE FROM durable_broker_messages" in statement or (isinstance(parameters, dict)
                                                                   and parameters.get("acked")):
             deleting.append(parameters)
 
-    sa.event.listen(conn.transport.rows.lazy, "before_cursor_execute", seen)
+    # Claims and acks go to the driver on the consumer's kept connection (broker/claim_connection.py).
+    conn.transport.rows.hot.listen(seen)
     with conn.Consumer(_queue(), callbacks=[lambda body, m: m.ack()], prefetch_count=20):
         conn.drain_events(timeout=5)
         with pytest.raises(TimeoutError):
@@ -364,8 +365,17 @@ def test_a_pass_deletes_the_holders_acks_in_the_same_statement(db_url: str) -> N
         for payload in payloads:
             backend.ack(payload["properties"]["delivery_tag"])
         statements: list[str] = []
-        sa.event.listen(backend.lazy, "before_cursor_execute", lambda *a: statements.append(a[2]))
-        ((_, _, taken, _),) = backend.claim_pass(["q"], [2], None)
+
+        def on_engine(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            statements.append(statement)
+
+        # Every statement, whichever way it goes: any engine's and the kept connection's.
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", on_engine)
+        backend.hot.listen(lambda statement, _params: statements.append(statement))
+        try:
+            ((_, _, taken, _),) = backend.claim_pass(["q"], [2], None)
+        finally:
+            sa.event.remove(sa.engine.Engine, "before_cursor_execute", on_engine)
         assert taken == 1
         assert len(statements) == 1
         assert _count(db_url) == 1  # the two acked rows deleted, the third held
