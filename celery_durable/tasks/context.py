@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from celery_durable.errors import NotDurable, SleepHandOff, StoreUnavailable
+from celery_durable.errors import LeaseLost, NotDurable, SleepHandOff, StoreUnavailable
 from celery_durable.faults import AFTER_COMMIT, BEFORE_COMMIT, BEFORE_FN, NO_FAULTS, FaultPoints
 from celery_durable.headers import RESUME_HEADER
 from celery_durable.planning.checkpoints import Ledger, check_step_name
@@ -37,7 +37,7 @@ class RunContext:
     conn: Connection  # autocommit: a checkpoint INSERT is its own transaction
     engine: Engine    # for transactional steps, which need a transaction of their own
     url: str
-    token: str = ""   # this attempt's lease token: a durable sleep hands the run to its wake-up with it
+    token: str        # this attempt's lease token: fences its checkpoints; a durable sleep hands the run on with it
     faults: FaultPoints = NO_FAULTS  # where a crash test stops this process
 
     def step(self, name: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -55,19 +55,24 @@ class RunContext:
                 value = fn(tx, *args, **kwargs)
                 # Checked inside the transaction: a result we refuse rolls fn's effects back.
                 encoded = to_json(what, value)
-                steps.insert(tx, self.run.id, key, encoded)
+                if not steps.insert(tx, self.run.id, key, encoded, self.token):
+                    # Raised inside the transaction: fn's effects roll back with the refused checkpoint.
+                    raise LeaseLost(self.run.id, str(name))
                 self.faults.reach(BEFORE_COMMIT)
         else:
             value = fn(*args, **kwargs)
             encoded = to_json(what, value)
             self.faults.reach(BEFORE_COMMIT)
-            self._checkpoint_when_the_store_answers(key, encoded)
+            if not self._checkpoint_when_the_store_answers(key, encoded):
+                raise LeaseLost(self.run.id, str(name))
         self.faults.reach(AFTER_COMMIT)
         self.ledger.record(key, encoded)
         return value
 
-    def _checkpoint_when_the_store_answers(self, key: Any, encoded: str) -> None:
+    def _checkpoint_when_the_store_answers(self, key: Any, encoded: str) -> bool:
         """Store a checkpoint whose fn already ran, waiting in place for a store that went away.
+
+        False: the fence refused it, this attempt no longer holds the run.
 
         The fn's effects have happened: giving up now would run it again on
         the next attempt. So the attempt keeps its slot and its message and
@@ -82,9 +87,9 @@ class RunContext:
                 with unavailable_as_error(self.url):
                     if fresh_connection:
                         self._reconnect()
-                    steps.insert(self.conn, self.run.id, key, encoded)
+                    stored = steps.insert(self.conn, self.run.id, key, encoded, self.token)
                 outage.available(self.url)
-                return
+                return stored
             except StoreUnavailable as err:
                 outage.failed(self.url, err, "durable.step.checkpoint_failed", run_id=self.run.id)
                 if time.monotonic() + delay > deadline:

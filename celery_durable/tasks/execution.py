@@ -25,7 +25,7 @@ from celery_durable import faults
 from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.compat.autoretry import max_retries, will_retry
 from celery_durable.config import lease_ttl
-from celery_durable.errors import NotDurable, RunExhausted, RunIdInvalid, SleepHandOff, StoreUnavailable
+from celery_durable.errors import LeaseLost, NotDurable, RunExhausted, RunIdInvalid, SleepHandOff, StoreUnavailable
 from celery_durable.headers import RESUME_HEADER, STORE_WAITS_HEADER
 from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.metrics import jobs as metrics
@@ -139,6 +139,15 @@ def _attempt(ctx: RunContext, body: Callable[..., Any], bind: bool, args: tuple[
     except SleepHandOff as handoff:
         # The run is not over and did not fail: this delivery is acked, the wake-up resumes it.
         raise Ignore(str(handoff)) from None
+    except LeaseLost as lost:
+        # The run is another attempt's now (or cancelled): its outcome, retries and result are the
+        # holder's to write. Acked, no retry spent, nothing counted, the result backend untouched.
+        logger.warning("durable.run.lease_lost task=%s id=%s step=%s: taken over after this attempt's "
+                       "lease expired, or cancelled; the step is not recorded and this attempt ends",
+                       task.name, run.id, lost.step,
+                       extra={"event": "durable.run.lease_lost", "task": task.name, "run_id": run.id,
+                              "step": lost.step})
+        raise Ignore(str(lost)) from None
     except (Ignore, Reject, StoreUnavailable):
         # The body's own choice: the run is not over and did not fail.
         # The store being down is no failure of the run either: the caller waits for it.

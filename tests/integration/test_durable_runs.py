@@ -399,3 +399,63 @@ def test_every_store_connection_bounds_a_lost_database_host_unless_its_url_says_
         own = f"{url}{'&' if '?' in url else '?'}tcp_user_timeout=5000"
         with engine_for(own).connect() as conn:
             assert conn.connection.dbapi_connection.get_dsn_parameters()["tcp_user_timeout"] == "5000"
+
+
+def _take_over(store_url: str, run_id: str, survivor_steps: tuple[str, ...] = ()) -> None:
+    """What another worker's takeover leaves once this attempt's process froze past its lease: the run
+    held by the survivor's token, and the checkpoints of the steps the survivor got through."""
+    with engine_for(store_url).begin() as conn:
+        conn.execute(sa.text("UPDATE durable_runs SET lease_holder = 'survivor', attempts = attempts + 1 "
+                             "WHERE id = :r"), {"r": run_id})
+        for name in survivor_steps:
+            conn.execute(sa.text("INSERT INTO durable_steps (run_id, name, occurrence, result, created_at) "
+                                 "VALUES (:r, :n, 0, '\"survivor\"', :at)"),
+                         {"r": run_id, "n": name, "at": datetime.now(timezone.utc)})
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["plain", "transactional"])
+def test_an_attempt_taken_over_mid_run_records_no_step_and_ends_without_a_retry_or_a_failure(
+        store_url, transactional, caplog):
+    """The stale holder's step meets the lease fence: a plain step the survivor already checkpointed (a
+    duplicate key before the fence: an ordinary error, so a retry and a failure) or a transactional step
+    the survivor has not reached (committed for a run it no longer held, before the fence). Either way
+    the attempt ends as Ignore: no retry, nothing failed, no row of fn's, the run left to the survivor."""
+    _orders_table(store_url)
+    app = make_app(store_url)
+    calls: list[str] = []
+    run_id = f"run-stale-{'tx' if transactional else 'plain'}"
+
+    def frozen_past_the_lease() -> str:
+        calls.append("fn")
+        _take_over(store_url, run_id, survivor_steps=("step",))
+        return "stale"
+
+    def place(conn: Any) -> str:
+        calls.append("fn")
+        _place(conn, run_id, 1)  # in the checkpoint's transaction: must roll back with it
+        return "stale"
+
+    @app.durable_task(shared=False, bind=True, max_retries=3, default_retry_delay=0)
+    def job(self) -> str:
+        calls.append("body")
+        if transactional:
+            # Frozen just before the step (SQLite: a takeover cannot commit inside the step's transaction).
+            _take_over(store_url, run_id)
+            self.step("step", place, transactional=True)
+        else:
+            self.step("step", frozen_past_the_lease)
+        calls.append("after")
+        return "stale"
+
+    failed, dead = metrics.value(None, "failed"), metrics.value(None, "dead_lettered")
+    with caplog.at_level("INFO", logger="celery_durable.run"):
+        result = job.apply(task_id=run_id)
+    assert result.state == "IGNORED", result.traceback
+    assert calls == ["body", "fn"]  # ended at the fenced step; no retry ran the body again
+    assert (metrics.value(None, "failed"), metrics.value(None, "dead_lettered")) == (failed, dead)
+    assert step_rows(store_url, run_id) == ([] if transactional else [("step", 0, '"survivor"')])
+    assert _counts(store_url, run_id)[0] == 0, "the stale attempt's transactional step committed"
+    run = run_row(store_url, run_id)
+    assert (run.state, run.lease_holder, run.attempts, run.last_error) == ("running", "survivor", 2, None)
+    [lost] = [r for r in caplog.records if getattr(r, "event", None) == "durable.run.lease_lost"]
+    assert (lost.run_id, lost.step, lost.levelname) == (run_id, "step", "WARNING")
