@@ -17,6 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from celery.exceptions import Ignore, Reject, Retry
@@ -31,7 +32,7 @@ from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.metrics import jobs as metrics
 from celery_durable.planning import run_admission
 from celery_durable.planning.checkpoints import Ledger, check_run_id
-from celery_durable.planning.run_admission import BURY, DUPLICATE, RUN, RowView
+from celery_durable.planning.run_admission import BURY, DUPLICATE, RUN, UNSEEN_OUTCOME, RowView
 from celery_durable.store import outage, runs, steps
 from celery_durable.store.clock import store_now
 from celery_durable.store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
@@ -42,6 +43,8 @@ from celery_durable.tasks.context import RunContext, _current
 
 logger = logging.getLogger("celery_durable.run")
 
+#: The ``jobs_total`` outcome each settled state counts (the settling path and a recovered settle alike).
+OUTCOME_COUNTS = {SUCCEEDED: "succeeded", DEAD: "dead_lettered"}
 
 
 def header(request: Any, name: str) -> Any:
@@ -92,9 +95,9 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
         outage.available(url)
 
         verdict = run_admission.admit(
-            RowView(run.state, run.lease_holder, run.lease_expires_at, run.lost_attempts), started=started,
-            settled_states=SETTLED, sleeping_state=SLEEPING, retries=int(request.retries or 0),
-            max_retries=max_retries(task), at=store_now(conn),
+            RowView(run.state, run.lease_holder, run.lease_expires_at, run.lost_attempts, run.settled_by),
+            started=started, settled_states=SETTLED, sleeping_state=SLEEPING, retries=int(request.retries or 0),
+            max_retries=max_retries(task), at=store_now(conn), resume=resume,
         )
         wait = None if request.is_eager else run_admission.wait_in_place(
             verdict, run.lease_expires_at, seen_expires, look, ttl)
@@ -109,6 +112,8 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
         try:
             if verdict.kind == BURY:
                 return _bury(task, conn, url, run, verdict.reason)
+            if verdict.kind == UNSEEN_OUTCOME and resume is not None:
+                return _claim_unseen_outcome(task, conn, url, run, resume)
         finally:
             conn.close()
         if verdict.kind == DUPLICATE:
@@ -172,14 +177,14 @@ def _attempt(ctx: RunContext, body: Callable[..., Any], bind: bool, args: tuple[
                              settled.last_error,
                              extra={"event": "durable.run.dead", "task": task.name, "run_id": run.id,
                                     "error": settled.last_error})
-                metrics.count(run.queue, "dead_lettered")
+                metrics.count(run.queue, OUTCOME_COUNTS[DEAD])
                 call_hook(task, settled)
         raise
     # If the outcome cannot be written (the store went down) the caller re-sends
     # the run under this attempt's lease: it replays every step from its checkpoint.
     settled = _settle(ctx, SUCCEEDED, result=encoded)
     if settled is not None:
-        metrics.count(run.queue, "succeeded")
+        metrics.count(run.queue, OUTCOME_COUNTS[SUCCEEDED])
         call_hook(task, settled)
     return value
 
@@ -292,11 +297,39 @@ def _refuse_id(task: Any, err: RunIdInvalid) -> Any:
     raise err
 
 
+def _claim_unseen_outcome(task: Any, conn: Any, url: str, run: Run, settler: str) -> Any:
+    """Report the outcome of a settle whose COMMIT landed while its reply was lost, as its settler would have.
+
+    This delivery is the settler's own re-send (it carries the settler's token).
+    Only the copy whose claim matched the row counts the outcome and calls the
+    hook; any other copy of the re-send is a plain duplicate.
+    """
+    try:
+        with unavailable_as_error(url):
+            claimed = runs.claim_unseen_outcome(conn, run.id, settler)
+    except StoreUnavailable as err:
+        return _wait_for_store(task, url, err, settler)
+    if not claimed:
+        return _duplicate(task, run)
+    logger.info("durable.run.settle_recovered task=%s id=%s state=%s: the attempt that settled it never "
+                "heard its store's reply; its re-send reports the outcome", task.name, run.id, run.state,
+                extra={"event": "durable.run.settle_recovered", "task": task.name, "run_id": run.id,
+                       "state": run.state})
+    metrics.count(run.queue, OUTCOME_COUNTS[run.state])
+    call_hook(task, replace(run, settled_by=None))
+    return _settled_answer(run)
+
+
 def _duplicate(task: Any, run: Run) -> Any:
     logger.info("durable.run.duplicate task=%s id=%s state=%s", task.name, run.id, run.state,
                 extra={"event": "durable.run.duplicate", "task": task.name, "run_id": run.id,
                        "state": run.state})
     metrics.count(run.queue, "duplicate")
+    return _settled_answer(run)
+
+
+def _settled_answer(run: Run) -> Any:
+    """What a delivery that does not run the body answers: a succeeded run's result, or Ignore."""
     if run.state == SUCCEEDED:
         return from_json(run.result)
     # Acked, and nothing marked failed: the run settled before this delivery, or

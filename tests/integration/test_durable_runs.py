@@ -459,3 +459,57 @@ def test_an_attempt_taken_over_mid_run_records_no_step_and_ends_without_a_retry_
     assert (run.state, run.lease_holder, run.attempts, run.last_error) == ("running", "survivor", 2, None)
     [lost] = [r for r in caplog.records if getattr(r, "event", None) == "durable.run.lease_lost"]
     assert (lost.run_id, lost.step, lost.levelname) == (run_id, "step", "WARNING")
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "dead"])
+def test_a_settle_whose_reply_was_lost_is_reported_once_by_its_settlers_re_send(store_url, outcome, monkeypatch,
+                                                                                caplog):
+    """The settle's COMMIT reaches the store but its reply is cut: the settler counts nothing, calls no hook
+    and re-sends the run under its own token. That re-send (two copies of it here) finds the run settled by
+    that very token: exactly one copy counts the outcome and calls on_settled; a copy without the token,
+    and the second copy, are plain duplicates."""
+    from celery_durable.headers import RESUME_HEADER
+    from celery_durable.store import runs as store_runs
+
+    app = make_app(store_url)
+    settled: list[Any] = []
+    settlers: list[str] = []
+    real_settle = store_runs.settle
+
+    def settle_then_lose_the_reply(conn: Any, run: Any, state: str, **kw: Any) -> Any:
+        written = real_settle(conn, run, state, **kw)
+        if state == outcome and not settlers:
+            settlers.append(run.lease_holder)
+            raise StoreUnavailable("the durable store is unavailable: the reply to the settle's COMMIT was lost")
+        return written
+
+    monkeypatch.setattr(store_runs, "settle", settle_then_lose_the_reply)
+
+    @app.durable_task(shared=False, bind=True, max_retries=0, on_settled=settled.append)
+    def job(self) -> str:
+        if outcome == "dead":
+            raise ValueError("the parcel is lost")
+        return "done"
+
+    count = "succeeded" if outcome == "succeeded" else "dead_lettered"
+    before, duplicates = metrics.value(None, count), metrics.value(None, "duplicate")
+    run_id = f"run-lost-reply-{outcome}"
+    # Eager: the store wait raises instead of re-sending; a worker re-sends with the settler's token.
+    assert isinstance(job.apply(task_id=run_id).result, StoreUnavailable)
+    assert run_row(store_url, run_id).state == outcome
+    assert (settled, metrics.value(None, count)) == ([], before)
+    [settler] = settlers
+
+    assert job.apply(task_id=run_id).state in ("SUCCESS", "IGNORED")  # the original message again: a duplicate
+    assert settled == []
+    with caplog.at_level("INFO", logger="celery_durable.run"):
+        first = job.apply(task_id=run_id, headers={RESUME_HEADER: settler})
+        second = job.apply(task_id=run_id, headers={RESUME_HEADER: settler})
+    expected = ("SUCCESS", "done") if outcome == "succeeded" else ("IGNORED", None)
+    assert (first.state, first.result if outcome == "succeeded" else None) == expected
+    assert [(r.id, r.state) for r in settled] == [(run_id, outcome)]
+    assert metrics.value(None, count) == before + 1
+    assert metrics.value(None, "duplicate") == duplicates + 2  # the original message's copy and `second`
+    assert second.state == first.state
+    [recovered] = [r for r in caplog.records if getattr(r, "event", None) == "durable.run.settle_recovered"]
+    assert (recovered.run_id, recovered.state) == (run_id, outcome)

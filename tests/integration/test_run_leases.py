@@ -213,3 +213,21 @@ def test_a_takeover_waits_for_a_checkpoint_in_flight_then_sees_it(store_url, con
             thread.join(10)
             taker.close()
     assert taken == [(True, {StepKey("ledger", 0): '"ledger"'})]
+
+
+def test_a_settled_outcome_names_its_settler_and_is_claimed_once_by_that_token(conn):
+    run, _ = begin(conn, "a1")
+    settled = runs.settle(conn, run, "succeeded", result="1")
+    assert settled is not None and settled.settled_by == "a1" and runs.get(conn, "r1").settled_by == "a1"
+    assert not runs.claim_unseen_outcome(conn, "r1", "a2")  # another attempt's token claims nothing
+    assert runs.claim_unseen_outcome(conn, "r1", "a1")
+    assert not runs.claim_unseen_outcome(conn, "r1", "a1")  # a second copy of the settler's re-send
+    assert (runs.get(conn, "r1").settled_by, runs.get(conn, "r1").state) == (None, "succeeded")
+    # A failed attempt (it will retry) settles nothing; a dead run requeued has no settler left to claim it.
+    failing, _ = begin(conn, "b1", run_id="r2")
+    assert runs.settle(conn, failing, "failed", error="E: boom").settled_by is None
+    again, _ = begin(conn, "b2", run_id="r2")
+    runs.settle(conn, again, "dead", error="E: boom")
+    assert runs.get(conn, "r2").settled_by == "b2"
+    assert runs.reopen(conn, "r2", SYSTEM_CLOCK.now())
+    assert runs.get(conn, "r2").settled_by is None
