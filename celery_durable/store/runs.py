@@ -241,19 +241,21 @@ def settle(conn: Connection, run: Run, state: str, *, result: str | None = None,
     return Run(**{**run.__dict__, **values})
 
 
-def claim_unseen_outcome(conn: Connection, run_id: str, settler: str) -> bool:
-    """Claim the outcome the attempt ``settler`` wrote without hearing the reply; True for one caller only.
+def claim_unseen_outcome(conn: Connection, run_id: str, settler: str) -> Run | None:
+    """Claim the outcome the attempt ``settler`` wrote without hearing the reply: the run, for one caller only.
 
-    The settler's COMMIT reached the store but its reply was lost, so it
-    re-sent the run under its own token and never counted the outcome nor
-    called ``on_settled``. The delivery carrying that token clears
-    ``settled_by`` in one conditional UPDATE: whichever copy of the re-send
-    matches the row reports the outcome, every other finds it cleared.
+    The settler's COMMIT reached the store but its reply was lost, so the
+    settler counted nothing and called no ``on_settled``. It claims the
+    outcome itself once the store answers again or, if the store stayed
+    away, the re-send carrying its token does. One conditional UPDATE clears
+    ``settled_by``: whichever caller matches the row reports the outcome,
+    every other (a second copy of the re-send) gets None.
     """
-    written = conn.execute(
+    row = conn.execute(
         sa.update(runs).where(runs.c.id == run_id, runs.c.settled_by == settler).values(settled_by=None)
-    )
-    return bool(written.rowcount == 1)
+        .returning(*runs.c)
+    ).one_or_none()
+    return None if row is None else Run(**row._mapping)
 
 
 def cancel(conn: Connection, *, run_id: str, task_name: str, queue: str | None, args: str, kwargs: str,

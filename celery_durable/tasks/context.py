@@ -8,7 +8,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -23,8 +23,10 @@ from celery_durable.store.runs import Run
 
 logger = logging.getLogger("celery_durable.run")
 
-#: Seconds a step whose fn already ran waits in place for its checkpoint's store to come back.
+#: Seconds a step whose fn already ran (or a settle whose reply was lost) waits in place for the store.
 CHECKPOINT_WAIT = 60.0
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -79,19 +81,31 @@ class RunContext:
         tries again until the store answers, up to CHECKPOINT_WAIT seconds;
         only then does the run wait for the store like any other (re-sent).
         """
+        return self.when_the_store_answers(
+            lambda conn: steps.insert(conn, self.run.id, key, encoded, self.token),
+            "durable.step.checkpoint_failed")
+
+    def when_the_store_answers(self, write: Callable[[Connection], T], event: str, *,
+                               connection_lost: bool = False) -> T:
+        """``write(conn)`` on this run's connection, tried again on a fresh one while the store is away.
+
+        Up to CHECKPOINT_WAIT seconds, then the last StoreUnavailable is raised.
+        ``connection_lost``: the current connection already failed, start on a
+        fresh one. Each failure is reported to the outage tracker as ``event``.
+        """
         deadline = time.monotonic() + CHECKPOINT_WAIT
         delay = 0.2
-        fresh_connection = False
+        fresh_connection = connection_lost
         while True:
             try:
                 with unavailable_as_error(self.url):
                     if fresh_connection:
                         self._reconnect()
-                    stored = steps.insert(self.conn, self.run.id, key, encoded, self.token)
+                    done = write(self.conn)
                 outage.available(self.url)
-                return stored
+                return done
             except StoreUnavailable as err:
-                outage.failed(self.url, err, "durable.step.checkpoint_failed", run_id=self.run.id)
+                outage.failed(self.url, err, event, run_id=self.run.id)
                 if time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay)  # the store's recovery, not a test: there is nothing to poll but it

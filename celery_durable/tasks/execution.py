@@ -17,7 +17,6 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from celery.exceptions import Ignore, Reject, Retry
@@ -192,16 +191,45 @@ def _attempt(ctx: RunContext, body: Callable[..., Any], bind: bool, args: tuple[
 def _settle(ctx: RunContext, state: str, *, result: str | None = None, error: str | None = None) -> Run | None:
     """The run as settled by this attempt; None if it no longer holds the run (nothing left to count).
 
-    Raises StoreUnavailable when the store cannot be reached: the outcome is not
-    written, and the run must come back rather than end unrecorded.
+    Raises StoreUnavailable when the store cannot be reached (a settled
+    outcome: not within CHECKPOINT_WAIT): the outcome is not written, or not
+    known to be, and the run must come back rather than end unrecorded.
     """
-    with unavailable_as_error(ctx.url):
-        settled = runs.settle(ctx.conn, ctx.run, state, result=result, error=error)
+    try:
+        with unavailable_as_error(ctx.url):
+            settled = runs.settle(ctx.conn, ctx.run, state, result=result, error=error)
+    except StoreUnavailable as err:
+        if state not in SETTLED:
+            raise
+        # The UPDATE may have committed with only its reply lost. Left to the re-send under this
+        # attempt's token, the outcome's count and hook were lost whenever that re-send could not be
+        # published either (a broker on the store's own database, cut with it): the message came back
+        # without the token, a plain duplicate. So the attempt waits in place, as a step's checkpoint
+        # does, then claims the outcome its token wrote, or writes it now.
+        outage.failed(ctx.url, err, "durable.run.settle_failed", run_id=ctx.run.id)
+        settled = ctx.when_the_store_answers(lambda conn: _claim_or_settle(conn, ctx, state, result, error),
+                                             "durable.run.settle_failed", connection_lost=True)
     if settled is None:
         logger.info("durable.run.settled_before id=%s state=%s: cancelled, or taken over after this "
                     "attempt's lease expired", ctx.run.id, state,
                     extra={"event": "durable.run.settled_before", "run_id": ctx.run.id, "state": state})
     return settled
+
+
+def _claim_or_settle(conn: Any, ctx: RunContext, state: str, result: str | None, error: str | None) -> Run | None:
+    """After a settle whose reply was lost: the outcome this attempt's settle wrote, claimed, or written now."""
+    claimed = runs.claim_unseen_outcome(conn, ctx.run.id, ctx.token)
+    if claimed is not None:
+        _log_settle_recovered(ctx.task, claimed, "its attempt, once the store answered again")
+        return claimed
+    return runs.settle(conn, ctx.run, state, result=result, error=error)
+
+
+def _log_settle_recovered(task: Any, run: Run, by: str) -> None:
+    logger.info("durable.run.settle_recovered task=%s id=%s state=%s by=%s: the settle's reply was lost; "
+                "the outcome is reported now", task.name, run.id, run.state, by,
+                extra={"event": "durable.run.settle_recovered", "task": task.name, "run_id": run.id,
+                       "state": run.state, "by": by})
 
 
 def _resend(task: Any, countdown: float, headers: dict[str, Any]) -> None:
@@ -300,24 +328,22 @@ def _refuse_id(task: Any, err: RunIdInvalid) -> Any:
 def _claim_unseen_outcome(task: Any, conn: Any, url: str, run: Run, settler: str) -> Any:
     """Report the outcome of a settle whose COMMIT landed while its reply was lost, as its settler would have.
 
-    This delivery is the settler's own re-send (it carries the settler's token).
-    Only the copy whose claim matched the row counts the outcome and calls the
-    hook; any other copy of the re-send is a plain duplicate.
+    This delivery is the settler's own re-send (it carries the settler's token):
+    the store stayed away past the settler's wait in place. Only the copy whose
+    claim matched the row counts the outcome and calls the hook; any other copy
+    of the re-send is a plain duplicate.
     """
     try:
         with unavailable_as_error(url):
             claimed = runs.claim_unseen_outcome(conn, run.id, settler)
     except StoreUnavailable as err:
         return _wait_for_store(task, url, err, settler)
-    if not claimed:
+    if claimed is None:
         return _duplicate(task, run)
-    logger.info("durable.run.settle_recovered task=%s id=%s state=%s: the attempt that settled it never "
-                "heard its store's reply; its re-send reports the outcome", task.name, run.id, run.state,
-                extra={"event": "durable.run.settle_recovered", "task": task.name, "run_id": run.id,
-                       "state": run.state})
-    metrics.count(run.queue, OUTCOME_COUNTS[run.state])
-    call_hook(task, replace(run, settled_by=None))
-    return _settled_answer(run)
+    _log_settle_recovered(task, claimed, "its re-send")
+    metrics.count(claimed.queue, OUTCOME_COUNTS[claimed.state])
+    call_hook(task, claimed)
+    return _settled_answer(claimed)
 
 
 def _duplicate(task: Any, run: Run) -> Any:

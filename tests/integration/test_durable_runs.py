@@ -461,29 +461,8 @@ def test_an_attempt_taken_over_mid_run_records_no_step_and_ends_without_a_retry_
     assert (lost.run_id, lost.step, lost.levelname) == (run_id, "step", "WARNING")
 
 
-@pytest.mark.parametrize("outcome", ["succeeded", "dead"])
-def test_a_settle_whose_reply_was_lost_is_reported_once_by_its_settlers_re_send(store_url, outcome, monkeypatch,
-                                                                                caplog):
-    """The settle's COMMIT reaches the store but its reply is cut: the settler counts nothing, calls no hook
-    and re-sends the run under its own token. That re-send (two copies of it here) finds the run settled by
-    that very token: exactly one copy counts the outcome and calls on_settled; a copy without the token,
-    and the second copy, are plain duplicates."""
-    from celery_durable.headers import RESUME_HEADER
-    from celery_durable.store import runs as store_runs
-
+def _outcome_app(store_url: str, outcome: str, settled: list[Any]) -> Any:
     app = make_app(store_url)
-    settled: list[Any] = []
-    settlers: list[str] = []
-    real_settle = store_runs.settle
-
-    def settle_then_lose_the_reply(conn: Any, run: Any, state: str, **kw: Any) -> Any:
-        written = real_settle(conn, run, state, **kw)
-        if state == outcome and not settlers:
-            settlers.append(run.lease_holder)
-            raise StoreUnavailable("the durable store is unavailable: the reply to the settle's COMMIT was lost")
-        return written
-
-    monkeypatch.setattr(store_runs, "settle", settle_then_lose_the_reply)
 
     @app.durable_task(shared=False, bind=True, max_retries=0, on_settled=settled.append)
     def job(self) -> str:
@@ -491,11 +470,85 @@ def test_a_settle_whose_reply_was_lost_is_reported_once_by_its_settlers_re_send(
             raise ValueError("the parcel is lost")
         return "done"
 
+    return job
+
+
+def _lose_the_settle(monkeypatch: Any, outcome: str, *, landed: bool) -> list[str]:
+    """The first settle of ``outcome`` fails as a cut connection does: after its COMMIT (``landed``: only
+    the reply is lost) or before it. Returns the settling attempt's token once it is seen."""
+    from celery_durable.store import runs as store_runs
+
+    settlers: list[str] = []
+    real_settle = store_runs.settle
+
+    def settle_then_cut(conn: Any, run: Any, state: str, **kw: Any) -> Any:
+        if state != outcome or settlers:
+            return real_settle(conn, run, state, **kw)
+        settlers.append(run.lease_holder)
+        if landed:
+            real_settle(conn, run, state, **kw)
+        raise StoreUnavailable("the durable store is unavailable: server closed the connection unexpectedly")
+
+    monkeypatch.setattr(store_runs, "settle", settle_then_cut)
+    return settlers
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["reply-lost", "request-lost"])
+@pytest.mark.parametrize("outcome", ["succeeded", "dead"])
+def test_a_settle_cut_off_is_reported_once_by_its_attempt_when_the_store_answers(store_url, outcome, landed,
+                                                                                 monkeypatch, caplog):
+    """The settle's connection is cut: its COMMIT landed and only the reply was lost, or it never landed.
+    The attempt waits in place for the store and then claims the outcome its token wrote (or writes it):
+    one count, one on_settled call, and a later copy of the message is a plain duplicate."""
+    settled: list[Any] = []
+    job = _outcome_app(store_url, outcome, settled)
+    settlers = _lose_the_settle(monkeypatch, outcome, landed=landed)
+    count = "succeeded" if outcome == "succeeded" else "dead_lettered"
+    before = metrics.value(None, count)
+    run_id = f"run-cut-settle-{outcome}-{landed}"
+    with caplog.at_level("INFO", logger="celery_durable.run"):
+        result = job.apply(task_id=run_id)
+    assert result.state == ("SUCCESS" if outcome == "succeeded" else "FAILURE"), result.traceback
+    assert len(settlers) == 1
+    assert [(r.id, r.state) for r in settled] == [(run_id, outcome)]
+    assert metrics.value(None, count) == before + 1
+    recovered = [r for r in caplog.records if getattr(r, "event", None) == "durable.run.settle_recovered"]
+    assert len(recovered) == (1 if landed else 0)
+    assert run_row(store_url, run_id).settled_by == (None if landed else settlers[0])
+    job.apply(task_id=run_id)  # the message again: a duplicate
+    assert len(settled) == 1 and metrics.value(None, count) == before + 1
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "dead"])
+def test_a_settle_whose_reply_was_lost_is_reported_once_by_its_settlers_re_send(store_url, outcome, monkeypatch,
+                                                                                caplog):
+    """The settle's COMMIT landed, its reply was lost, and the store stayed away past the attempt's wait in
+    place: it counted nothing, called no hook and re-sent the run under its own token. That re-send (two
+    copies of it here) finds the run settled by that very token: exactly one copy counts the outcome and
+    calls on_settled; a copy without the token, and the second copy, are plain duplicates."""
+    from celery_durable.headers import RESUME_HEADER
+    from celery_durable.store import runs as store_runs
+    from celery_durable.tasks import context
+
+    settled: list[Any] = []
+    job = _outcome_app(store_url, outcome, settled)
+    settlers = _lose_the_settle(monkeypatch, outcome, landed=True)
+    away = {"on": True}
+    real_claim = store_runs.claim_unseen_outcome
+
+    def claim_while_the_store_answers(conn: Any, run_id: str, settler: str) -> Any:
+        if away["on"]:
+            raise StoreUnavailable("the durable store is unavailable: connection refused")
+        return real_claim(conn, run_id, settler)
+
+    monkeypatch.setattr(store_runs, "claim_unseen_outcome", claim_while_the_store_answers)
+    monkeypatch.setattr(context, "CHECKPOINT_WAIT", 0.5)
     count = "succeeded" if outcome == "succeeded" else "dead_lettered"
     before, duplicates = metrics.value(None, count), metrics.value(None, "duplicate")
     run_id = f"run-lost-reply-{outcome}"
     # Eager: the store wait raises instead of re-sending; a worker re-sends with the settler's token.
     assert isinstance(job.apply(task_id=run_id).result, StoreUnavailable)
+    away["on"] = False
     assert run_row(store_url, run_id).state == outcome
     assert (settled, metrics.value(None, count)) == ([], before)
     [settler] = settlers
@@ -512,4 +565,4 @@ def test_a_settle_whose_reply_was_lost_is_reported_once_by_its_settlers_re_send(
     assert metrics.value(None, "duplicate") == duplicates + 2  # the original message's copy and `second`
     assert second.state == first.state
     [recovered] = [r for r in caplog.records if getattr(r, "event", None) == "durable.run.settle_recovered"]
-    assert (recovered.run_id, recovered.state) == (run_id, outcome)
+    assert (recovered.run_id, recovered.state, recovered.by) == (run_id, outcome, "its re-send")

@@ -219,9 +219,10 @@ def test_a_settled_outcome_names_its_settler_and_is_claimed_once_by_that_token(c
     run, _ = begin(conn, "a1")
     settled = runs.settle(conn, run, "succeeded", result="1")
     assert settled is not None and settled.settled_by == "a1" and runs.get(conn, "r1").settled_by == "a1"
-    assert not runs.claim_unseen_outcome(conn, "r1", "a2")  # another attempt's token claims nothing
-    assert runs.claim_unseen_outcome(conn, "r1", "a1")
-    assert not runs.claim_unseen_outcome(conn, "r1", "a1")  # a second copy of the settler's re-send
+    assert runs.claim_unseen_outcome(conn, "r1", "a2") is None  # another attempt's token claims nothing
+    claimed = runs.claim_unseen_outcome(conn, "r1", "a1")
+    assert claimed is not None and (claimed.state, claimed.result, claimed.settled_by) == ("succeeded", "1", None)
+    assert runs.claim_unseen_outcome(conn, "r1", "a1") is None  # a second copy of the settler's re-send
     assert (runs.get(conn, "r1").settled_by, runs.get(conn, "r1").state) == (None, "succeeded")
     # A failed attempt (it will retry) settles nothing; a dead run requeued has no settler left to claim it.
     failing, _ = begin(conn, "b1", run_id="r2")
