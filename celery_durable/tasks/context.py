@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
 
 from celery_durable.errors import LeaseLost, NotDurable, SleepHandOff, StoreUnavailable
 from celery_durable.faults import AFTER_COMMIT, BEFORE_COMMIT, BEFORE_FN, NO_FAULTS, FaultPoints
@@ -81,9 +82,23 @@ class RunContext:
         tries again until the store answers, up to CHECKPOINT_WAIT seconds;
         only then does the run wait for the store like any other (re-sent).
         """
-        return self.when_the_store_answers(
-            lambda conn: steps.insert(conn, self.run.id, key, encoded, self.token),
-            "durable.step.checkpoint_failed")
+        tries = 0
+
+        def store(conn: Connection) -> bool:
+            nonlocal tries
+            tries += 1
+            try:
+                return steps.insert(conn, self.run.id, key, encoded, self.token)
+            except IntegrityError:
+                if tries == 1:
+                    raise
+                # An earlier try's COMMIT landed while its reply was lost. The fence let this try
+                # through, so the run is still this attempt's and no other attempt could have written
+                # the key: the checkpoint is that earlier try's. Raised, it would fail the attempt and
+                # spend a retry on a step that is done.
+                return True
+
+        return self.when_the_store_answers(store, "durable.step.checkpoint_failed")
 
     def when_the_store_answers(self, write: Callable[[Connection], T], event: str, *,
                                connection_lost: bool = False) -> T:

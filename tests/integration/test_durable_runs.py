@@ -566,3 +566,39 @@ def test_a_settle_whose_reply_was_lost_is_reported_once_by_its_settlers_re_send(
     assert second.state == first.state
     [recovered] = [r for r in caplog.records if getattr(r, "event", None) == "durable.run.settle_recovered"]
     assert (recovered.run_id, recovered.state, recovered.by) == (run_id, outcome, "its re-send")
+
+
+def test_a_checkpoint_whose_reply_was_lost_is_stored_once_and_spends_no_retry(store_url, monkeypatch):
+    """A plain step's checkpoint INSERT commits but its reply is lost (the store cut): the step waits in place
+    and tries again, meeting its own row. That is the checkpoint stored, not an error: before, the duplicate
+    key failed the attempt and Celery's autoretry spent a retry on it (seen in the 20 s cut e2e)."""
+    from celery_durable.store import steps as store_steps
+
+    app = make_app(store_url)
+    calls: list[str] = []
+    cut: list[str] = []
+    real_insert = store_steps.insert
+
+    def insert_then_cut(conn: Any, run_id: str, key: Any, encoded: str, token: str) -> bool:
+        written = real_insert(conn, run_id, key, encoded, token)
+        if key.name == "charge" and not cut:
+            cut.append(key.name)
+            raise StoreUnavailable("the durable store is unavailable: server closed the connection unexpectedly")
+        return written
+
+    monkeypatch.setattr(store_steps, "insert", insert_then_cut)
+
+    @app.durable_task(shared=False, bind=True, max_retries=3, default_retry_delay=0)
+    def job(self) -> str:
+        calls.append("body")
+        self.step("charge", lambda: calls.append("charge") or "ch-1")
+        return str(self.step("ship", lambda: calls.append("ship") or "shipped"))
+
+    failed = metrics.value(None, "failed")
+    result = job.apply(task_id="run-lost-checkpoint-reply")
+    assert result.state == "SUCCESS", result.traceback
+    assert cut == ["charge"] and calls == ["body", "charge", "ship"]
+    assert metrics.value(None, "failed") == failed
+    run = run_row(store_url, "run-lost-checkpoint-reply")
+    assert (run.state, run.attempts, run.last_error) == ("succeeded", 1, None)
+    assert [r[0] for r in step_rows(store_url, "run-lost-checkpoint-reply")] == ["charge", "ship"]
