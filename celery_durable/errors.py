@@ -48,6 +48,28 @@ class SleepHandOff(BaseException):
         return f"durable sleep {self.step!r}: woken again in {self.wake_in:.3f}s"
 
 
+class LeaseLost(BaseException):
+    """This attempt no longer holds its run's lease, found when a step's checkpoint was fenced out.
+
+    Another attempt took the run over (this one's process froze past the lease
+    TTL) or a cancel settled it: the step is not recorded (a transactional
+    step's effects roll back with it) and this execution ends. A
+    ``BaseException``, like :class:`SleepHandOff`, so a body's
+    ``except Exception`` cannot swallow it and run on; the execution turns it
+    into Celery's ``Ignore`` (no retry spent, nothing failed).
+    """
+
+    def __init__(self, run_id: str, step: str) -> None:
+        # Both in args: the default pickling rebuilds the exception from them.
+        super().__init__(run_id, step)
+        self.run_id = run_id
+        self.step = step
+
+    def __str__(self) -> str:
+        return (f"durable run {self.run_id}: lease lost before step {self.step!r} was recorded "
+                f"(taken over by another attempt, or cancelled)")
+
+
 class ConfigInvalid(DurableError):
     """A ``durable_*`` setting holds a value the worker cannot run with."""
 

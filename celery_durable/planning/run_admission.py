@@ -15,6 +15,9 @@ from datetime import datetime
 #: Verdicts.
 RUN = "run"              # this delivery took the lease: execute the body
 DUPLICATE = "duplicate"  # the run settled, or sleeps until a wake-up that exists: ack this copy
+#: The run settled under the very attempt that re-sent this message, whose settle's reply was lost:
+#: this delivery claims the outcome (counts it, calls ``on_settled``) if no copy did first, then acks.
+UNSEEN_OUTCOME = "unseen_outcome"
 DEFER = "defer"          # a live attempt holds the run: re-send this copy to look again later
 BURY = "bury"            # started too many times without an end: settle dead, never start again
 
@@ -36,6 +39,7 @@ class RowView:
     lease_holder: str | None
     lease_expires_at: datetime | None
     lost_attempts: int
+    settled_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -48,19 +52,23 @@ class Verdict:
 
 
 def admit(row: RowView, *, started: bool, settled_states: frozenset[str], sleeping_state: str,
-          retries: int, max_retries: int | None, at: datetime) -> Verdict:
+          retries: int, max_retries: int | None, at: datetime, resume: str | None = None) -> Verdict:
     """The verdict for one delivery; ``started`` says whether the begin statement took the lease.
 
     ``retries`` is the delivered message's retry count and ``max_retries`` the
     task's (None: retried without end, so never buried for lost attempts). An
     attempt lost to a dead process spends the retry budget like a failed one:
     with ``max_retries = 3`` a run is started at most 4 times without an end.
+    ``resume`` is the hand-off token the message carries: the settler's own
+    token on a run it settled means the settler never heard its settle.
     """
     if started:
         if max_retries is not None and row.lost_attempts and retries + row.lost_attempts > max_retries:
             return Verdict(BURY, reason=(f"started {retries + row.lost_attempts} times without an end "
                                          f"(max_retries={max_retries}): each attempt's process died"))
         return Verdict(RUN)
+    if row.state in settled_states and resume is not None and row.settled_by == resume:
+        return Verdict(UNSEEN_OUTCOME)
     if row.state in settled_states or row.state == sleeping_state:
         return Verdict(DUPLICATE)
     expires = row.lease_expires_at

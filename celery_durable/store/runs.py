@@ -59,6 +59,7 @@ class Run:
     lost_attempts: int = 0
     retries: int = 0
     wake_at: datetime | None = None
+    settled_by: str | None = None
 
     @property
     def settled(self) -> bool:
@@ -221,12 +222,14 @@ def settle(conn: Connection, run: Run, state: str, *, result: str | None = None,
     None when the attempt no longer holds the run: a revoke cancelled it, or
     its heartbeat stopped long enough for another attempt to take over. The
     first outcome stands. ``error=None`` keeps the last error: a run that
-    succeeded on a retry still shows what failed before.
+    succeeded on a retry still shows what failed before. A settled outcome
+    names the attempt that wrote it (``settled_by``): see :func:`claim_unseen_outcome`.
     """
     at = store_now(conn)
     values: dict[str, Any] = {"state": state, "result": result, "updated_at": at,
                               "finished_at": at if state in SETTLED else None,
-                              "lease_holder": None, "lease_expires_at": None}
+                              "lease_holder": None, "lease_expires_at": None,
+                              "settled_by": run.lease_holder if state in SETTLED else None}
     if error is not None:
         values["last_error"] = error
     written = conn.execute(
@@ -236,6 +239,23 @@ def settle(conn: Connection, run: Run, state: str, *, result: str | None = None,
     if written.rowcount != 1:
         return None
     return Run(**{**run.__dict__, **values})
+
+
+def claim_unseen_outcome(conn: Connection, run_id: str, settler: str) -> Run | None:
+    """Claim the outcome the attempt ``settler`` wrote without hearing the reply: the run, for one caller only.
+
+    The settler's COMMIT reached the store but its reply was lost, so the
+    settler counted nothing and called no ``on_settled``. It claims the
+    outcome itself once the store answers again or, if the store stayed
+    away, the re-send carrying its token does. One conditional UPDATE clears
+    ``settled_by``: whichever caller matches the row reports the outcome,
+    every other (a second copy of the re-send) gets None.
+    """
+    row = conn.execute(
+        sa.update(runs).where(runs.c.id == run_id, runs.c.settled_by == settler).values(settled_by=None)
+        .returning(*runs.c)
+    ).one_or_none()
+    return None if row is None else Run(**row._mapping)
 
 
 def cancel(conn: Connection, *, run_id: str, task_name: str, queue: str | None, args: str, kwargs: str,
@@ -293,15 +313,16 @@ def get(conn: Connection, run_id: str) -> Run | None:
 def reopen(conn: Connection, run_id: str, at: datetime) -> bool:
     """Make a dead run, or one stranded ``running`` under an expired lease, runnable again.
 
-    It goes back to ``failed`` (will run again) with no holder and a fresh
-    lost-attempt count; False if it was neither.
+    It goes back to ``failed`` (will run again) with no holder, a fresh
+    lost-attempt count and no settler (its old one has no outcome left to
+    claim); False if it was neither.
     """
     stranded = sa.and_(runs.c.state == RUNNING,
                        sa.or_(runs.c.lease_holder.is_(None), runs.c.lease_expires_at <= at))
     result = conn.execute(
         sa.update(runs).where(runs.c.id == run_id, sa.or_(runs.c.state == DEAD, stranded))
         .values(state=FAILED, finished_at=None, updated_at=store_now(conn), lease_holder=None, lease_expires_at=None,
-                lost_attempts=0)
+                lost_attempts=0, settled_by=None)
     )
     return bool(result.rowcount == 1)
 

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
 #: The Alembic revision the code reads and writes; a database behind it must be migrated.
-HEAD_REVISION = "0009_broker_messages"
+HEAD_REVISION = "0010_run_settled_by"
 
 #: The databases the store's SQL is written for (SQLAlchemy backend names; any driver of them).
 SUPPORTED_BACKENDS = ("postgresql", "sqlite")
@@ -83,6 +83,9 @@ runs = sa.Table(
     # is due: what the fleet needs to send a stranded run again (tasks/recovery.py).
     sa.Column("retries", sa.Integer, nullable=False, server_default="0"),
     sa.Column("wake_at", UtcDateTime(), nullable=True),
+    # The token of the attempt whose settle wrote the outcome. Its re-send after a settle whose reply
+    # was lost (it carries that token) claims the outcome its settler never heard, clearing this.
+    sa.Column("settled_by", sa.String(64), nullable=True),
     sa.Index("ix_durable_runs_state", "state"),
     sa.Index("ix_durable_runs_finished_at", "finished_at"),  # run retention (tasks/retention.py)
 )

@@ -1,4 +1,4 @@
-"""SQL for step checkpoints: load a run's checkpoints at once, store one in a single INSERT."""
+"""SQL for step checkpoints: load a run's checkpoints at once, store one in a single INSERT fenced by the lease."""
 
 from __future__ import annotations
 
@@ -7,9 +7,36 @@ from sqlalchemy.engine import Connection
 
 from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.planning.checkpoints import StepKey
-from celery_durable.store.schema import steps
+from celery_durable.store.schema import runs, steps
 
-_insert = sa.insert(steps)
+
+def _fenced_insert_statement() -> sa.Insert:
+    # The checkpoint's row comes from a SELECT of the run's own row, so it is written only while
+    # the run names this attempt as its holder: an attempt whose process froze past its lease, and
+    # was taken over, records nothing (and a transactional step's transaction rolls back).
+    #
+    # FOR SHARE (PostgreSQL) closes the race with a takeover. A takeover is an UPDATE of the run's
+    # row; without the lock the SELECT would read the holder from its snapshot while the takeover
+    # commits, the new attempt would load its checkpoints before this transaction commits, and the
+    # step would run (and a transactional one commit) twice. With it: a takeover that committed
+    # first leaves a row the fence re-reads and refuses (0 rows); one that comes after waits on the
+    # lock until this transaction has committed, and the new attempt's checkpoint read, a later
+    # statement, sees the step. Every checkpoint pays a row lock it holds only until its own
+    # commit. SQLite compiles no lock clause: one writer at a time, and a write transaction reads
+    # the latest commit.
+    run_id = sa.bindparam("run_id", type_=steps.c.run_id.type)
+    values = sa.select(
+        run_id,
+        sa.bindparam("name", type_=steps.c.name.type),
+        sa.bindparam("occurrence", type_=steps.c.occurrence.type),
+        sa.bindparam("result", type_=steps.c.result.type),
+        sa.bindparam("created_at", type_=steps.c.created_at.type),
+    ).where(runs.c.id == run_id, runs.c.lease_holder == sa.bindparam("token", type_=runs.c.lease_holder.type))
+    return sa.insert(steps).from_select(
+        ["run_id", "name", "occurrence", "result", "created_at"], values.with_for_update(read=True))
+
+
+_FENCED_INSERT = _fenced_insert_statement()
 
 
 def load(conn: Connection, run_id: str) -> dict[StepKey, str]:
@@ -20,7 +47,12 @@ def load(conn: Connection, run_id: str) -> dict[StepKey, str]:
     return {StepKey(name, occurrence): result for name, occurrence, result in rows}
 
 
-def insert(conn: Connection, run_id: str, key: StepKey, encoded: str) -> None:
-    """Store one checkpoint; on an autocommit connection this is one round trip."""
-    conn.execute(_insert, {"run_id": run_id, "name": key.name, "occurrence": key.occurrence,
-                           "result": encoded, "created_at": SYSTEM_CLOCK.now()})
+def insert(conn: Connection, run_id: str, key: StepKey, encoded: str, token: str) -> bool:
+    """Store one checkpoint if the attempt holding ``token`` still holds the run; False: it does not.
+
+    One statement: on an autocommit connection, one round trip.
+    """
+    written = conn.execute(_FENCED_INSERT, {"run_id": run_id, "name": key.name, "occurrence": key.occurrence,
+                                            "result": encoded, "created_at": SYSTEM_CLOCK.now(),
+                                            "token": token})
+    return bool(written.rowcount == 1)

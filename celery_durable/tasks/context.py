@@ -8,11 +8,12 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
 
-from celery_durable.errors import NotDurable, SleepHandOff, StoreUnavailable
+from celery_durable.errors import LeaseLost, NotDurable, SleepHandOff, StoreUnavailable
 from celery_durable.faults import AFTER_COMMIT, BEFORE_COMMIT, BEFORE_FN, NO_FAULTS, FaultPoints
 from celery_durable.headers import RESUME_HEADER
 from celery_durable.planning.checkpoints import Ledger, check_step_name
@@ -23,8 +24,10 @@ from celery_durable.store.runs import Run
 
 logger = logging.getLogger("celery_durable.run")
 
-#: Seconds a step whose fn already ran waits in place for its checkpoint's store to come back.
+#: Seconds a step whose fn already ran (or a settle whose reply was lost) waits in place for the store.
 CHECKPOINT_WAIT = 60.0
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -37,7 +40,7 @@ class RunContext:
     conn: Connection  # autocommit: a checkpoint INSERT is its own transaction
     engine: Engine    # for transactional steps, which need a transaction of their own
     url: str
-    token: str = ""   # this attempt's lease token: a durable sleep hands the run to its wake-up with it
+    token: str        # this attempt's lease token: fences its checkpoints; a durable sleep hands the run on with it
     faults: FaultPoints = NO_FAULTS  # where a crash test stops this process
 
     def step(self, name: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -55,38 +58,69 @@ class RunContext:
                 value = fn(tx, *args, **kwargs)
                 # Checked inside the transaction: a result we refuse rolls fn's effects back.
                 encoded = to_json(what, value)
-                steps.insert(tx, self.run.id, key, encoded)
+                if not steps.insert(tx, self.run.id, key, encoded, self.token):
+                    # Raised inside the transaction: fn's effects roll back with the refused checkpoint.
+                    raise LeaseLost(self.run.id, str(name))
                 self.faults.reach(BEFORE_COMMIT)
         else:
             value = fn(*args, **kwargs)
             encoded = to_json(what, value)
             self.faults.reach(BEFORE_COMMIT)
-            self._checkpoint_when_the_store_answers(key, encoded)
+            if not self._checkpoint_when_the_store_answers(key, encoded):
+                raise LeaseLost(self.run.id, str(name))
         self.faults.reach(AFTER_COMMIT)
         self.ledger.record(key, encoded)
         return value
 
-    def _checkpoint_when_the_store_answers(self, key: Any, encoded: str) -> None:
+    def _checkpoint_when_the_store_answers(self, key: Any, encoded: str) -> bool:
         """Store a checkpoint whose fn already ran, waiting in place for a store that went away.
+
+        False: the fence refused it, this attempt no longer holds the run.
 
         The fn's effects have happened: giving up now would run it again on
         the next attempt. So the attempt keeps its slot and its message and
         tries again until the store answers, up to CHECKPOINT_WAIT seconds;
         only then does the run wait for the store like any other (re-sent).
         """
+        tries = 0
+
+        def store(conn: Connection) -> bool:
+            nonlocal tries
+            tries += 1
+            try:
+                return steps.insert(conn, self.run.id, key, encoded, self.token)
+            except IntegrityError:
+                if tries == 1:
+                    raise
+                # An earlier try's COMMIT landed while its reply was lost. The fence let this try
+                # through, so the run is still this attempt's and no other attempt could have written
+                # the key: the checkpoint is that earlier try's. Raised, it would fail the attempt and
+                # spend a retry on a step that is done.
+                return True
+
+        return self.when_the_store_answers(store, "durable.step.checkpoint_failed")
+
+    def when_the_store_answers(self, write: Callable[[Connection], T], event: str, *,
+                               connection_lost: bool = False) -> T:
+        """``write(conn)`` on this run's connection, tried again on a fresh one while the store is away.
+
+        Up to CHECKPOINT_WAIT seconds, then the last StoreUnavailable is raised.
+        ``connection_lost``: the current connection already failed, start on a
+        fresh one. Each failure is reported to the outage tracker as ``event``.
+        """
         deadline = time.monotonic() + CHECKPOINT_WAIT
         delay = 0.2
-        fresh_connection = False
+        fresh_connection = connection_lost
         while True:
             try:
                 with unavailable_as_error(self.url):
                     if fresh_connection:
                         self._reconnect()
-                    steps.insert(self.conn, self.run.id, key, encoded)
+                    done = write(self.conn)
                 outage.available(self.url)
-                return
+                return done
             except StoreUnavailable as err:
-                outage.failed(self.url, err, "durable.step.checkpoint_failed", run_id=self.run.id)
+                outage.failed(self.url, err, event, run_id=self.run.id)
                 if time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay)  # the store's recovery, not a test: there is nothing to poll but it

@@ -25,13 +25,13 @@ from celery_durable import faults
 from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.compat.autoretry import max_retries, will_retry
 from celery_durable.config import lease_ttl
-from celery_durable.errors import NotDurable, RunExhausted, RunIdInvalid, SleepHandOff, StoreUnavailable
+from celery_durable.errors import LeaseLost, NotDurable, RunExhausted, RunIdInvalid, SleepHandOff, StoreUnavailable
 from celery_durable.headers import RESUME_HEADER, STORE_WAITS_HEADER
 from celery_durable.leases.keeper import keeper, new_token
 from celery_durable.metrics import jobs as metrics
 from celery_durable.planning import run_admission
 from celery_durable.planning.checkpoints import Ledger, check_run_id
-from celery_durable.planning.run_admission import BURY, DUPLICATE, RUN, RowView
+from celery_durable.planning.run_admission import BURY, DUPLICATE, RUN, UNSEEN_OUTCOME, RowView
 from celery_durable.store import outage, runs, steps
 from celery_durable.store.clock import store_now
 from celery_durable.store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
@@ -42,6 +42,8 @@ from celery_durable.tasks.context import RunContext, _current
 
 logger = logging.getLogger("celery_durable.run")
 
+#: The ``jobs_total`` outcome each settled state counts (the settling path and a recovered settle alike).
+OUTCOME_COUNTS = {SUCCEEDED: "succeeded", DEAD: "dead_lettered"}
 
 
 def header(request: Any, name: str) -> Any:
@@ -92,9 +94,9 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
         outage.available(url)
 
         verdict = run_admission.admit(
-            RowView(run.state, run.lease_holder, run.lease_expires_at, run.lost_attempts), started=started,
-            settled_states=SETTLED, sleeping_state=SLEEPING, retries=int(request.retries or 0),
-            max_retries=max_retries(task), at=store_now(conn),
+            RowView(run.state, run.lease_holder, run.lease_expires_at, run.lost_attempts, run.settled_by),
+            started=started, settled_states=SETTLED, sleeping_state=SLEEPING, retries=int(request.retries or 0),
+            max_retries=max_retries(task), at=store_now(conn), resume=resume,
         )
         wait = None if request.is_eager else run_admission.wait_in_place(
             verdict, run.lease_expires_at, seen_expires, look, ttl)
@@ -109,6 +111,8 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
         try:
             if verdict.kind == BURY:
                 return _bury(task, conn, url, run, verdict.reason)
+            if verdict.kind == UNSEEN_OUTCOME and resume is not None:
+                return _claim_unseen_outcome(task, conn, url, run, resume)
         finally:
             conn.close()
         if verdict.kind == DUPLICATE:
@@ -139,6 +143,15 @@ def _attempt(ctx: RunContext, body: Callable[..., Any], bind: bool, args: tuple[
     except SleepHandOff as handoff:
         # The run is not over and did not fail: this delivery is acked, the wake-up resumes it.
         raise Ignore(str(handoff)) from None
+    except LeaseLost as lost:
+        # The run is another attempt's now (or cancelled): its outcome, retries and result are the
+        # holder's to write. Acked, no retry spent, nothing counted, the result backend untouched.
+        logger.warning("durable.run.lease_lost task=%s id=%s step=%s: taken over after this attempt's "
+                       "lease expired, or cancelled; the step is not recorded and this attempt ends",
+                       task.name, run.id, lost.step,
+                       extra={"event": "durable.run.lease_lost", "task": task.name, "run_id": run.id,
+                              "step": lost.step})
+        raise Ignore(str(lost)) from None
     except (Ignore, Reject, StoreUnavailable):
         # The body's own choice: the run is not over and did not fail.
         # The store being down is no failure of the run either: the caller waits for it.
@@ -163,14 +176,14 @@ def _attempt(ctx: RunContext, body: Callable[..., Any], bind: bool, args: tuple[
                              settled.last_error,
                              extra={"event": "durable.run.dead", "task": task.name, "run_id": run.id,
                                     "error": settled.last_error})
-                metrics.count(run.queue, "dead_lettered")
+                metrics.count(run.queue, OUTCOME_COUNTS[DEAD])
                 call_hook(task, settled)
         raise
     # If the outcome cannot be written (the store went down) the caller re-sends
     # the run under this attempt's lease: it replays every step from its checkpoint.
     settled = _settle(ctx, SUCCEEDED, result=encoded)
     if settled is not None:
-        metrics.count(run.queue, "succeeded")
+        metrics.count(run.queue, OUTCOME_COUNTS[SUCCEEDED])
         call_hook(task, settled)
     return value
 
@@ -178,16 +191,45 @@ def _attempt(ctx: RunContext, body: Callable[..., Any], bind: bool, args: tuple[
 def _settle(ctx: RunContext, state: str, *, result: str | None = None, error: str | None = None) -> Run | None:
     """The run as settled by this attempt; None if it no longer holds the run (nothing left to count).
 
-    Raises StoreUnavailable when the store cannot be reached: the outcome is not
-    written, and the run must come back rather than end unrecorded.
+    Raises StoreUnavailable when the store cannot be reached (a settled
+    outcome: not within CHECKPOINT_WAIT): the outcome is not written, or not
+    known to be, and the run must come back rather than end unrecorded.
     """
-    with unavailable_as_error(ctx.url):
-        settled = runs.settle(ctx.conn, ctx.run, state, result=result, error=error)
+    try:
+        with unavailable_as_error(ctx.url):
+            settled = runs.settle(ctx.conn, ctx.run, state, result=result, error=error)
+    except StoreUnavailable as err:
+        if state not in SETTLED:
+            raise
+        # The UPDATE may have committed with only its reply lost. Left to the re-send under this
+        # attempt's token, the outcome's count and hook were lost whenever that re-send could not be
+        # published either (a broker on the store's own database, cut with it): the message came back
+        # without the token, a plain duplicate. So the attempt waits in place, as a step's checkpoint
+        # does, then claims the outcome its token wrote, or writes it now.
+        outage.failed(ctx.url, err, "durable.run.settle_failed", run_id=ctx.run.id)
+        settled = ctx.when_the_store_answers(lambda conn: _claim_or_settle(conn, ctx, state, result, error),
+                                             "durable.run.settle_failed", connection_lost=True)
     if settled is None:
         logger.info("durable.run.settled_before id=%s state=%s: cancelled, or taken over after this "
                     "attempt's lease expired", ctx.run.id, state,
                     extra={"event": "durable.run.settled_before", "run_id": ctx.run.id, "state": state})
     return settled
+
+
+def _claim_or_settle(conn: Any, ctx: RunContext, state: str, result: str | None, error: str | None) -> Run | None:
+    """After a settle whose reply was lost: the outcome this attempt's settle wrote, claimed, or written now."""
+    claimed = runs.claim_unseen_outcome(conn, ctx.run.id, ctx.token)
+    if claimed is not None:
+        _log_settle_recovered(ctx.task, claimed, "its attempt, once the store answered again")
+        return claimed
+    return runs.settle(conn, ctx.run, state, result=result, error=error)
+
+
+def _log_settle_recovered(task: Any, run: Run, by: str) -> None:
+    logger.info("durable.run.settle_recovered task=%s id=%s state=%s by=%s: the settle's reply was lost; "
+                "the outcome is reported now", task.name, run.id, run.state, by,
+                extra={"event": "durable.run.settle_recovered", "task": task.name, "run_id": run.id,
+                       "state": run.state, "by": by})
 
 
 def _resend(task: Any, countdown: float, headers: dict[str, Any]) -> None:
@@ -283,11 +325,37 @@ def _refuse_id(task: Any, err: RunIdInvalid) -> Any:
     raise err
 
 
+def _claim_unseen_outcome(task: Any, conn: Any, url: str, run: Run, settler: str) -> Any:
+    """Report the outcome of a settle whose COMMIT landed while its reply was lost, as its settler would have.
+
+    This delivery is the settler's own re-send (it carries the settler's token):
+    the store stayed away past the settler's wait in place. Only the copy whose
+    claim matched the row counts the outcome and calls the hook; any other copy
+    of the re-send is a plain duplicate.
+    """
+    try:
+        with unavailable_as_error(url):
+            claimed = runs.claim_unseen_outcome(conn, run.id, settler)
+    except StoreUnavailable as err:
+        return _wait_for_store(task, url, err, settler)
+    if claimed is None:
+        return _duplicate(task, run)
+    _log_settle_recovered(task, claimed, "its re-send")
+    metrics.count(claimed.queue, OUTCOME_COUNTS[claimed.state])
+    call_hook(task, claimed)
+    return _settled_answer(claimed)
+
+
 def _duplicate(task: Any, run: Run) -> Any:
     logger.info("durable.run.duplicate task=%s id=%s state=%s", task.name, run.id, run.state,
                 extra={"event": "durable.run.duplicate", "task": task.name, "run_id": run.id,
                        "state": run.state})
     metrics.count(run.queue, "duplicate")
+    return _settled_answer(run)
+
+
+def _settled_answer(run: Run) -> Any:
+    """What a delivery that does not run the body answers: a succeeded run's result, or Ignore."""
     if run.state == SUCCEEDED:
         return from_json(run.result)
     # Acked, and nothing marked failed: the run settled before this delivery, or

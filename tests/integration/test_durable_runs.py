@@ -399,3 +399,206 @@ def test_every_store_connection_bounds_a_lost_database_host_unless_its_url_says_
         own = f"{url}{'&' if '?' in url else '?'}tcp_user_timeout=5000"
         with engine_for(own).connect() as conn:
             assert conn.connection.dbapi_connection.get_dsn_parameters()["tcp_user_timeout"] == "5000"
+
+
+def _take_over(store_url: str, run_id: str, survivor_steps: tuple[str, ...] = ()) -> None:
+    """What another worker's takeover leaves once this attempt's process froze past its lease: the run
+    held by the survivor's token, and the checkpoints of the steps the survivor got through."""
+    with engine_for(store_url).begin() as conn:
+        conn.execute(sa.text("UPDATE durable_runs SET lease_holder = 'survivor', attempts = attempts + 1 "
+                             "WHERE id = :r"), {"r": run_id})
+        for name in survivor_steps:
+            conn.execute(sa.text("INSERT INTO durable_steps (run_id, name, occurrence, result, created_at) "
+                                 "VALUES (:r, :n, 0, '\"survivor\"', :at)"),
+                         {"r": run_id, "n": name, "at": datetime.now(timezone.utc)})
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["plain", "transactional"])
+def test_an_attempt_taken_over_mid_run_records_no_step_and_ends_without_a_retry_or_a_failure(
+        store_url, transactional, caplog):
+    """The stale holder's step meets the lease fence: a plain step the survivor already checkpointed (a
+    duplicate key before the fence: an ordinary error, so a retry and a failure) or a transactional step
+    the survivor has not reached (committed for a run it no longer held, before the fence). Either way
+    the attempt ends as Ignore: no retry, nothing failed, no row of fn's, the run left to the survivor."""
+    _orders_table(store_url)
+    app = make_app(store_url)
+    calls: list[str] = []
+    run_id = f"run-stale-{'tx' if transactional else 'plain'}"
+
+    def frozen_past_the_lease() -> str:
+        calls.append("fn")
+        _take_over(store_url, run_id, survivor_steps=("step",))
+        return "stale"
+
+    def place(conn: Any) -> str:
+        calls.append("fn")
+        _place(conn, run_id, 1)  # in the checkpoint's transaction: must roll back with it
+        return "stale"
+
+    @app.durable_task(shared=False, bind=True, max_retries=3, default_retry_delay=0)
+    def job(self) -> str:
+        calls.append("body")
+        if transactional:
+            # Frozen just before the step (SQLite: a takeover cannot commit inside the step's transaction).
+            _take_over(store_url, run_id)
+            self.step("step", place, transactional=True)
+        else:
+            self.step("step", frozen_past_the_lease)
+        calls.append("after")
+        return "stale"
+
+    failed, dead = metrics.value(None, "failed"), metrics.value(None, "dead_lettered")
+    with caplog.at_level("INFO", logger="celery_durable.run"):
+        result = job.apply(task_id=run_id)
+    assert result.state == "IGNORED", result.traceback
+    assert calls == ["body", "fn"]  # ended at the fenced step; no retry ran the body again
+    assert (metrics.value(None, "failed"), metrics.value(None, "dead_lettered")) == (failed, dead)
+    assert step_rows(store_url, run_id) == ([] if transactional else [("step", 0, '"survivor"')])
+    assert _counts(store_url, run_id)[0] == 0, "the stale attempt's transactional step committed"
+    run = run_row(store_url, run_id)
+    assert (run.state, run.lease_holder, run.attempts, run.last_error) == ("running", "survivor", 2, None)
+    [lost] = [r for r in caplog.records if getattr(r, "event", None) == "durable.run.lease_lost"]
+    assert (lost.run_id, lost.step, lost.levelname) == (run_id, "step", "WARNING")
+
+
+def _outcome_app(store_url: str, outcome: str, settled: list[Any]) -> Any:
+    app = make_app(store_url)
+
+    @app.durable_task(shared=False, bind=True, max_retries=0, on_settled=settled.append)
+    def job(self) -> str:
+        if outcome == "dead":
+            raise ValueError("the parcel is lost")
+        return "done"
+
+    return job
+
+
+def _lose_the_settle(monkeypatch: Any, outcome: str, *, landed: bool) -> list[str]:
+    """The first settle of ``outcome`` fails as a cut connection does: after its COMMIT (``landed``: only
+    the reply is lost) or before it. Returns the settling attempt's token once it is seen."""
+    from celery_durable.store import runs as store_runs
+
+    settlers: list[str] = []
+    real_settle = store_runs.settle
+
+    def settle_then_cut(conn: Any, run: Any, state: str, **kw: Any) -> Any:
+        if state != outcome or settlers:
+            return real_settle(conn, run, state, **kw)
+        settlers.append(run.lease_holder)
+        if landed:
+            real_settle(conn, run, state, **kw)
+        raise StoreUnavailable("the durable store is unavailable: server closed the connection unexpectedly")
+
+    monkeypatch.setattr(store_runs, "settle", settle_then_cut)
+    return settlers
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["reply-lost", "request-lost"])
+@pytest.mark.parametrize("outcome", ["succeeded", "dead"])
+def test_a_settle_cut_off_is_reported_once_by_its_attempt_when_the_store_answers(store_url, outcome, landed,
+                                                                                 monkeypatch, caplog):
+    """The settle's connection is cut: its COMMIT landed and only the reply was lost, or it never landed.
+    The attempt waits in place for the store and then claims the outcome its token wrote (or writes it):
+    one count, one on_settled call, and a later copy of the message is a plain duplicate."""
+    settled: list[Any] = []
+    job = _outcome_app(store_url, outcome, settled)
+    settlers = _lose_the_settle(monkeypatch, outcome, landed=landed)
+    count = "succeeded" if outcome == "succeeded" else "dead_lettered"
+    before = metrics.value(None, count)
+    run_id = f"run-cut-settle-{outcome}-{landed}"
+    with caplog.at_level("INFO", logger="celery_durable.run"):
+        result = job.apply(task_id=run_id)
+    assert result.state == ("SUCCESS" if outcome == "succeeded" else "FAILURE"), result.traceback
+    assert len(settlers) == 1
+    assert [(r.id, r.state) for r in settled] == [(run_id, outcome)]
+    assert metrics.value(None, count) == before + 1
+    recovered = [r for r in caplog.records if getattr(r, "event", None) == "durable.run.settle_recovered"]
+    assert len(recovered) == (1 if landed else 0)
+    assert run_row(store_url, run_id).settled_by == (None if landed else settlers[0])
+    job.apply(task_id=run_id)  # the message again: a duplicate
+    assert len(settled) == 1 and metrics.value(None, count) == before + 1
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "dead"])
+def test_a_settle_whose_reply_was_lost_is_reported_once_by_its_settlers_re_send(store_url, outcome, monkeypatch,
+                                                                                caplog):
+    """The settle's COMMIT landed, its reply was lost, and the store stayed away past the attempt's wait in
+    place: it counted nothing, called no hook and re-sent the run under its own token. That re-send (two
+    copies of it here) finds the run settled by that very token: exactly one copy counts the outcome and
+    calls on_settled; a copy without the token, and the second copy, are plain duplicates."""
+    from celery_durable.headers import RESUME_HEADER
+    from celery_durable.store import runs as store_runs
+    from celery_durable.tasks import context
+
+    settled: list[Any] = []
+    job = _outcome_app(store_url, outcome, settled)
+    settlers = _lose_the_settle(monkeypatch, outcome, landed=True)
+    away = {"on": True}
+    real_claim = store_runs.claim_unseen_outcome
+
+    def claim_while_the_store_answers(conn: Any, run_id: str, settler: str) -> Any:
+        if away["on"]:
+            raise StoreUnavailable("the durable store is unavailable: connection refused")
+        return real_claim(conn, run_id, settler)
+
+    monkeypatch.setattr(store_runs, "claim_unseen_outcome", claim_while_the_store_answers)
+    monkeypatch.setattr(context, "CHECKPOINT_WAIT", 0.5)
+    count = "succeeded" if outcome == "succeeded" else "dead_lettered"
+    before, duplicates = metrics.value(None, count), metrics.value(None, "duplicate")
+    run_id = f"run-lost-reply-{outcome}"
+    # Eager: the store wait raises instead of re-sending; a worker re-sends with the settler's token.
+    assert isinstance(job.apply(task_id=run_id).result, StoreUnavailable)
+    away["on"] = False
+    assert run_row(store_url, run_id).state == outcome
+    assert (settled, metrics.value(None, count)) == ([], before)
+    [settler] = settlers
+
+    assert job.apply(task_id=run_id).state in ("SUCCESS", "IGNORED")  # the original message again: a duplicate
+    assert settled == []
+    with caplog.at_level("INFO", logger="celery_durable.run"):
+        first = job.apply(task_id=run_id, headers={RESUME_HEADER: settler})
+        second = job.apply(task_id=run_id, headers={RESUME_HEADER: settler})
+    expected = ("SUCCESS", "done") if outcome == "succeeded" else ("IGNORED", None)
+    assert (first.state, first.result if outcome == "succeeded" else None) == expected
+    assert [(r.id, r.state) for r in settled] == [(run_id, outcome)]
+    assert metrics.value(None, count) == before + 1
+    assert metrics.value(None, "duplicate") == duplicates + 2  # the original message's copy and `second`
+    assert second.state == first.state
+    [recovered] = [r for r in caplog.records if getattr(r, "event", None) == "durable.run.settle_recovered"]
+    assert (recovered.run_id, recovered.state, recovered.by) == (run_id, outcome, "its re-send")
+
+
+def test_a_checkpoint_whose_reply_was_lost_is_stored_once_and_spends_no_retry(store_url, monkeypatch):
+    """A plain step's checkpoint INSERT commits but its reply is lost (the store cut): the step waits in place
+    and tries again, meeting its own row. That is the checkpoint stored, not an error: before, the duplicate
+    key failed the attempt and Celery's autoretry spent a retry on it (seen in the 20 s cut e2e)."""
+    from celery_durable.store import steps as store_steps
+
+    app = make_app(store_url)
+    calls: list[str] = []
+    cut: list[str] = []
+    real_insert = store_steps.insert
+
+    def insert_then_cut(conn: Any, run_id: str, key: Any, encoded: str, token: str) -> bool:
+        written = real_insert(conn, run_id, key, encoded, token)
+        if key.name == "charge" and not cut:
+            cut.append(key.name)
+            raise StoreUnavailable("the durable store is unavailable: server closed the connection unexpectedly")
+        return written
+
+    monkeypatch.setattr(store_steps, "insert", insert_then_cut)
+
+    @app.durable_task(shared=False, bind=True, max_retries=3, default_retry_delay=0)
+    def job(self) -> str:
+        calls.append("body")
+        self.step("charge", lambda: calls.append("charge") or "ch-1")
+        return str(self.step("ship", lambda: calls.append("ship") or "shipped"))
+
+    failed = metrics.value(None, "failed")
+    result = job.apply(task_id="run-lost-checkpoint-reply")
+    assert result.state == "SUCCESS", result.traceback
+    assert cut == ["charge"] and calls == ["body", "charge", "ship"]
+    assert metrics.value(None, "failed") == failed
+    run = run_row(store_url, "run-lost-checkpoint-reply")
+    assert (run.state, run.attempts, run.last_error) == ("succeeded", 1, None)
+    assert [r[0] for r in step_rows(store_url, "run-lost-checkpoint-reply")] == ["charge", "ship"]

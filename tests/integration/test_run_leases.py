@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.leases.keeper import LeaseKeeper
-from celery_durable.store import runs
+from celery_durable.planning.checkpoints import StepKey
+from celery_durable.store import runs, steps
 from celery_durable.store.engine import autocommit, ensure_schema
 from tests.e2e.harness import wait_for
 
@@ -162,3 +165,70 @@ def test_a_sleeping_run_past_its_wake_up_is_sent_again_under_its_own_token(conn)
     assert runs.stranded(conn, SYSTEM_CLOCK.now() - timedelta(seconds=1), SYSTEM_CLOCK.now(), 10) == []
     woke, started = begin(conn, "wake", resume="sleeper")
     assert started and woke.lost_attempts == 0
+
+
+def test_a_checkpoint_is_stored_only_while_its_attempt_holds_the_run(conn):
+    begin(conn, "a1", ttl=0.2)
+    assert steps.insert(conn, "r1", StepKey("charge", 0), '"ch-1"', "a1")
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5, what="the lease to expire")
+    begin(conn, "a2")
+    # a1's process froze past its lease and a2 took the run: a1's next checkpoint is fenced out.
+    assert not steps.insert(conn, "r1", StepKey("ship", 0), '"late"', "a1")
+    assert steps.load(conn, "r1") == {StepKey("charge", 0): '"ch-1"'}
+    assert steps.insert(conn, "r1", StepKey("ship", 0), '"ok"', "a2")
+    # A cancelled run names no holder: its attempt's next checkpoint is fenced out too.
+    runs.cancel(conn, run_id="r1", task_name="t", queue="q", args="[]", kwargs="{}", reason="revoked")
+    assert not steps.insert(conn, "r1", StepKey("receipt", 0), '"r"', "a2")
+    assert set(steps.load(conn, "r1")) == {StepKey("charge", 0), StepKey("ship", 0)}
+
+
+def test_a_takeover_waits_for_a_checkpoint_in_flight_then_sees_it(store_url, conn):
+    """PostgreSQL: the fence locks the run row FOR SHARE until its transaction ends, so a takeover that
+    starts while a (transactional) checkpoint is in flight waits for its commit, then loads the step."""
+    if not store_url.startswith("postgresql"):
+        pytest.skip("SQLite has one writer at a time: a takeover cannot run beside an open write transaction")
+    begin(conn, "a1", ttl=0.2)
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5, what="the lease to expire")
+    engine = ensure_schema(store_url)
+    taker = autocommit(engine).connect()
+    taker_pid = taker.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+    taken: list[tuple[bool, dict[StepKey, str]]] = []
+
+    def take_over() -> None:
+        _, started = begin(taker, "a2")
+        taken.append((started, steps.load(taker, "r1")))
+
+    thread = threading.Thread(target=take_over)
+    with engine.connect() as checkpointing:
+        tx = checkpointing.begin()
+        assert steps.insert(checkpointing, "r1", StepKey("ledger", 0), '"ledger"', "a1")
+        thread.start()
+        try:
+            wait_for(lambda: conn.execute(sa.text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :p"),
+                                          {"p": taker_pid}).scalar() == "Lock",
+                     timeout=5, what="the takeover to wait on the lock of the checkpoint in flight")
+            assert taken == []
+        finally:
+            tx.commit()
+            thread.join(10)
+            taker.close()
+    assert taken == [(True, {StepKey("ledger", 0): '"ledger"'})]
+
+
+def test_a_settled_outcome_names_its_settler_and_is_claimed_once_by_that_token(conn):
+    run, _ = begin(conn, "a1")
+    settled = runs.settle(conn, run, "succeeded", result="1")
+    assert settled is not None and settled.settled_by == "a1" and runs.get(conn, "r1").settled_by == "a1"
+    assert runs.claim_unseen_outcome(conn, "r1", "a2") is None  # another attempt's token claims nothing
+    claimed = runs.claim_unseen_outcome(conn, "r1", "a1")
+    assert claimed is not None and (claimed.state, claimed.result, claimed.settled_by) == ("succeeded", "1", None)
+    assert runs.claim_unseen_outcome(conn, "r1", "a1") is None  # a second copy of the settler's re-send
+    assert (runs.get(conn, "r1").settled_by, runs.get(conn, "r1").state) == (None, "succeeded")
+    # A failed attempt (it will retry) settles nothing; a dead run requeued has no settler left to claim it.
+    failing, _ = begin(conn, "b1", run_id="r2")
+    assert runs.settle(conn, failing, "failed", error="E: boom").settled_by is None
+    again, _ = begin(conn, "b2", run_id="r2")
+    runs.settle(conn, again, "dead", error="E: boom")
+    assert runs.get(conn, "r2").settled_by == "b2"
+    assert runs.reopen(conn, "r2", SYSTEM_CLOCK.now())
+    assert runs.get(conn, "r2").settled_by is None

@@ -50,7 +50,7 @@ RESUME_DEADLINE = 30.0
 PLAIN_STEPS = ("first", "last")
 #: Log lines counted in every worker's log (killed ones included).
 LOG_EVENTS = ("durable.run.deferred", "durable.run.store_wait", "durable.run.store_wait_failed",
-              "durable.run.duplicate", "durable.lease.lost", "durable.run.settled_before",
+              "durable.run.duplicate", "durable.lease.lost", "durable.run.lease_lost", "durable.run.settled_before",
               "durable.store.unavailable", "durable.store.available", "durable.run.exhausted")
 
 

@@ -13,6 +13,7 @@ from celery_durable.planning.run_admission import (
     DUPLICATE,
     RUN,
     STORE_WAIT_CAP,
+    UNSEEN_OUTCOME,
     RowView,
     Verdict,
     admit,
@@ -25,14 +26,15 @@ SETTLED = frozenset({"succeeded", "dead", "cancelled"})
 
 
 def view(state: str = "running", holder: str | None = "t1", expires_in: float | None = 10.0,
-         lost: int = 0) -> RowView:
+         lost: int = 0, settled_by: str | None = None) -> RowView:
     expires = None if expires_in is None else AT + timedelta(seconds=expires_in)
-    return RowView(state, holder, expires, lost)
+    return RowView(state, holder, expires, lost, settled_by)
 
 
-def verdict(row: RowView, *, started: bool, retries: int = 0, max_retries: int | None = 3):
+def verdict(row: RowView, *, started: bool, retries: int = 0, max_retries: int | None = 3,
+            resume: str | None = None):
     return admit(row, started=started, settled_states=SETTLED, sleeping_state="sleeping", retries=retries,
-                 max_retries=max_retries, at=AT)
+                 max_retries=max_retries, at=AT, resume=resume)
 
 
 @pytest.mark.parametrize(("row", "started", "retries", "max_retries", "kind"), [
@@ -55,6 +57,20 @@ def verdict(row: RowView, *, started: bool, retries: int = 0, max_retries: int |
 ])
 def test_a_delivery_runs_drops_defers_or_buries(row, started, retries, max_retries, kind):
     assert verdict(row, started=started, retries=retries, max_retries=max_retries).kind == kind
+
+
+@pytest.mark.parametrize(("row", "resume", "kind"), [
+    # The settler's own re-send (its token in durable_resume) on the outcome it wrote: it claims it.
+    (view("succeeded", None, None, settled_by="t1"), "t1", UNSEEN_OUTCOME),
+    (view("dead", None, None, settled_by="t1"), "t1", UNSEEN_OUTCOME),
+    # Any other copy, or the outcome already claimed (cleared) or written by another attempt: dropped.
+    (view("succeeded", None, None, settled_by="t1"), None, DUPLICATE),
+    (view("succeeded", None, None, settled_by="t2"), "t1", DUPLICATE),
+    (view("succeeded", None, None, settled_by=None), "t1", DUPLICATE),
+    (view("sleeping", "t1", None, settled_by=None), "t1", DUPLICATE),
+])
+def test_only_the_settlers_own_re_send_claims_the_outcome_it_never_heard(row, resume, kind):
+    assert verdict(row, started=False, resume=resume).kind == kind
 
 
 @pytest.mark.parametrize(("expires_in", "delay"), [
