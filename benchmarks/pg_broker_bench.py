@@ -150,7 +150,10 @@ def _worker(broker_url: str, queues: list[str], argv: list[str], conf: dict[str,
                PYTHONPATH=os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]))
     log = Path("/tmp") / f"pg-bench-{key.rsplit(':', 1)[1][:8]}.log"
     with open(log, "wb") as out:
-        worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "benchapp", "worker", *argv,
+        # PG_BENCH_PROFILE=DIR: the worker's main process (its hub thread: claims, admission) under cProfile.
+        profile_dir = os.environ.get("PG_BENCH_PROFILE")
+        profiler = ["-m", "cProfile", "-o", str(Path(profile_dir) / f"{log.stem}.prof")] if profile_dir else []
+        worker = subprocess.Popen([sys.executable, *profiler, "-m", "celery", "-A", "benchapp", "worker", *argv,
                                    "-Q", ",".join(queues), "--without-mingle", "--without-gossip",
                                    "-l", "warning"], cwd=here, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
