@@ -108,3 +108,21 @@ def test_a_connect_while_the_database_is_away_fails_as_kombu_retries_it(
     with Connection(url) as third:
         third.connect()
         assert third.connected
+
+
+def test_a_pass_over_queue_names_of_every_shape_reads_them_back_as_sent(db_url: str) -> None:
+    # The pass sends its queues as one array literal (rows.text_array): a name with a quote, a
+    # backslash, a comma, braces, spaces or the word NULL must reach the server as itself.
+    names = ['plain', 'a"quote', 'back\\slash', 'com,ma', '{braces}', 'NULL', ' spaced ', 'ünï']
+    hot = ClaimConnection(lazy_commit(ensure_schema(db_url)))
+    try:
+        found, _ = hot.execute("SELECT CAST(%(names)s AS text[])", {"names": rows.text_array(names)})
+        assert found == [(names,)]
+        for name in names:
+            _publish(db_url, name, 1)
+        asks = rows.claim_pass(hot, names, [1] * len(names), None, "h", 30)
+        assert [ask.queue for ask in asks] == names
+        assert all(ask.taken == 1 for ask in asks)
+        assert rows.ack(hot, [row.id for ask in asks for row in ask.claimed], "h") == len(names)
+    finally:
+        hot.close()
