@@ -35,6 +35,10 @@ from celery_durable.worker.idle_wait import IdleWait, idle_wait_for
 from celery_durable.worker.parking import parker_for
 
 
+#: Seconds between an idle wait's delivery and the pass that fills the rest of the room (see ``_idle_delivered``).
+FOLLOW_UP_PASS_DELAY = 0.001
+
+
 class Claimer:
     """Fetches messages when the worker has room and hands them to Celery's task handler.
 
@@ -302,5 +306,12 @@ class Claimer:
         self._admission.admit(queue_name, message)
         if self._idle is not None:
             self._idle.cancel()
-        # One message woke us: fill the rest of the room with planned asks.
-        self.kick()
+        # One message woke us: fill the rest of the room with planned asks — after the hub's next poll.
+        # Celery's pool writes the job just admitted to a child only when that poll finds the child's
+        # pipe writable; a pass kicked now would run first and hold the job back by a claim round trip
+        # (measured on the PostgreSQL broker's idle pickup). A timer due in a millisecond fires on the
+        # round after that poll.
+        if self._hub is not None:
+            self._hub.call_later(FOLLOW_UP_PASS_DELAY, self.kick)
+        else:
+            self.kick()
