@@ -34,7 +34,6 @@ from celery_durable.worker.held_runs import HeldRuns
 from celery_durable.worker.idle_wait import IdleWait, idle_wait_for
 from celery_durable.worker.parking import parker_for
 
-
 #: Seconds between an idle wait's delivery and the pass that fills the rest of the room (see ``_idle_delivered``).
 FOLLOW_UP_PASS_DELAY = 0.001
 
