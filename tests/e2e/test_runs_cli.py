@@ -37,7 +37,9 @@ def _seed(url: str, run_id: str, state: str, *, task: str = "durable.three_steps
         run, _ = store_runs.begin_attempt(conn, run_id=run_id, task_name=task, queue=None, args='["x"]',
                                           kwargs="{}", token=f"t-{run_id}", lease_seconds=30)
         for n in range(steps):
-            store_steps.insert(conn, run_id, StepKey(f"s{n + 1}", 0), json.dumps({"n": n, "pad": "x" * 40}))
+            # Written under the attempt's own lease, as a worker's checkpoints are (the insert is fenced by it).
+            assert store_steps.insert(conn, run_id, StepKey(f"s{n + 1}", 0), json.dumps({"n": n, "pad": "x" * 40}),
+                                      f"t-{run_id}")
         if state != "running":
             store_runs.settle(conn, run, state, result='"done"' if state == SUCCEEDED else None,
                               error="ValueError('boom')" if state == DEAD else None)

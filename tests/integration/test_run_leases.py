@@ -182,11 +182,11 @@ def test_a_checkpoint_is_stored_only_while_its_attempt_holds_the_run(conn):
     assert set(steps.load(conn, "r1")) == {StepKey("charge", 0), StepKey("ship", 0)}
 
 
+# PostgreSQL only (SQLite has one writer at a time: a takeover cannot run beside an open write transaction).
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 def test_a_takeover_waits_for_a_checkpoint_in_flight_then_sees_it(store_url, conn):
     """PostgreSQL: the fence locks the run row FOR SHARE until its transaction ends, so a takeover that
     starts while a (transactional) checkpoint is in flight waits for its commit, then loads the step."""
-    if not store_url.startswith("postgresql"):
-        pytest.skip("SQLite has one writer at a time: a takeover cannot run beside an open write transaction")
     begin(conn, "a1", ttl=0.2)
     wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5, what="the lease to expire")
     engine = ensure_schema(store_url)
