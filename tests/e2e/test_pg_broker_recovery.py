@@ -38,7 +38,9 @@ def test_a_sigkilled_worker_holding_four_runs_has_each_run_again_once_after_the_
     assert first_end >= TTL * 2 / 3 - 0.1, f"a run came back {first_end:.2f}s after the kill, before its lease lapsed"
     assert last_end <= 2 * TTL, f"took {last_end:.2f}s, more than 2 x TTL"
     for run_id in ids:
-        assert run_state(url, run_id) == "succeeded"
+        # The body's "end" event comes just before its attempt settles the run: wait for the settle.
+        wait_for(lambda run_id=run_id: run_state(url, run_id) == "succeeded", timeout=10,
+                 what=f"run {run_id} to be settled succeeded")
         assert effects(url, run_id) == {"s1": 1, "s2": 1, "s3": 1}
     wait_for(lambda: s.broker_depth("q") == 0, timeout=10, what="every row acked")
     assert survivor.terminate() == 0
