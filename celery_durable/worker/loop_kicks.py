@@ -11,11 +11,14 @@ written makes the poll return, and the callables queued run on the loop thread.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class LoopKicks:
@@ -46,8 +49,19 @@ class LoopKicks:
             pass
         with self._lock:
             ready, self._pending = self._pending, deque()
+        # Each callable runs even if one before it raised: a kick dropped here would leave the
+        # claimer's kick marked pending forever, and every later kick (the safety timer's too)
+        # coalesced into it — a worker that never claims again.
+        failed: BaseException | None = None
         for fn in ready:
-            fn()
+            try:
+                fn()
+            except Exception as err:
+                logger.exception("durable.loop.kick_failed: %s", err,
+                                 extra={"event": "durable.loop.kick_failed", "error": repr(err)})
+                failed = failed or err
+        if failed is not None:
+            raise failed
 
     def close(self) -> None:
         try:
