@@ -63,9 +63,7 @@ class ClaimConnection:
                     or fairy.dbapi_connection.closed
                 if died:
                     self._drop()
-                raise sa.exc.DBAPIError.instance(sql, dict(params), err, self._dbapi.Error,
-                                                 connection_invalidated=bool(died),
-                                                 dialect=self.engine.dialect) from err
+                raise self._as_sqlalchemy(err, sql, params, died=bool(died)) from err
 
     def _connection(self, sql: str, params: Mapping[str, Any]) -> Any:
         if self._fairy is None or self._pid != os.getpid():
@@ -74,11 +72,15 @@ class ClaimConnection:
             except self._dbapi.Error as err:
                 # The pool hands the driver's own error on: raised as the engine's connect raises it
                 # (OperationalError), one of the transport's connection errors, so kombu reconnects.
-                raise sa.exc.DBAPIError.instance(sql, dict(params), err, self._dbapi.Error,
-                                                 connection_invalidated=True,
-                                                 dialect=self.engine.dialect) from err
+                raise self._as_sqlalchemy(err, sql, params, died=True) from err
             self._pid = os.getpid()
         return self._fairy
+
+    def _as_sqlalchemy(self, err: Exception, sql: str, params: Mapping[str, Any], *, died: bool) -> Exception:
+        """The driver's error as SQLAlchemy raises it (``OperationalError`` for a dead connection)."""
+        wrapped: Exception = sa.exc.DBAPIError.instance(sql, dict(params), err, self._dbapi.Error,
+                                                        connection_invalidated=died, dialect=self.engine.dialect)
+        return wrapped
 
     def _drop(self) -> None:
         fairy, self._fairy = self._fairy, None
