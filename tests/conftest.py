@@ -8,6 +8,26 @@ import pytest
 from tests.faultproxy import FaultProxy
 from tests.services import broker_url
 
+#: Of each failed e2e test's process logs, the last lines repeated at the very end of the run: the tail
+#: of CI's output is what is kept of it, and the failures' own sections scroll out of it.
+DIGEST_LINES_PER_LOG = 6
+DIGEST_LINE_CHARS = 220
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from tests.e2e.harness import E2E_LOG_SECTION
+
+    failed = terminalreporter.stats.get("failed", [])
+    tails = [(report.nodeid, title, text) for report in failed for title, text in report.sections
+             if title.startswith(E2E_LOG_SECTION)]
+    if not tails:
+        return
+    terminalreporter.section("last lines of the failed e2e tests' process logs", sep="-")
+    for nodeid, title, text in tails:
+        terminalreporter.write_line(f"{nodeid} :: {title.removeprefix(E2E_LOG_SECTION).strip()}")
+        for line in text.splitlines()[-DIGEST_LINES_PER_LOG:]:
+            terminalreporter.write_line("  " + line[:DIGEST_LINE_CHARS])
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked ``long`` (15 s or more each) go first: under ``--dist worksteal`` (pyproject.toml) the

@@ -4,7 +4,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from tests.e2e.harness import Scenario
+from tests.e2e.harness import E2E_LOG_SECTION, STARTED_LOGS, Scenario
 from tests.faultproxy import FaultProxy
 
 
@@ -27,3 +27,28 @@ def scenario(broker: tuple[str, str], fault_proxy: Callable[[str], FaultProxy]
     yield make
     for s in made:
         s.cleanup()
+
+
+#: Lines of each process's log attached to a failed test's report (the whole log stays in E2E_LOG_DIR).
+LOG_TAIL_LINES = 80
+
+
+@pytest.fixture(autouse=True)
+def _logs_of_this_test() -> Iterator[None]:
+    STARTED_LOGS.clear()
+    yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed e2e test's report carries the last lines of every process it started: what CI prints is
+    all there is of a run on a fresh checkout, and a worker's log is most of why a test failed."""
+    report = yield
+    if report.failed:
+        for path in STARTED_LOGS:
+            try:
+                lines = path.read_text(errors="replace").splitlines()
+            except OSError as err:
+                lines = [f"(unreadable: {err})"]
+            report.sections.append((f"{E2E_LOG_SECTION} {path.name}", "\n".join(lines[-LOG_TAIL_LINES:])))
+    return report

@@ -24,6 +24,12 @@ from tests.services import OBSERVE_URL
 
 REPO = Path(__file__).resolve().parents[2]
 
+#: The log files of the processes the current test started (tests/e2e/conftest.py attaches their
+#: tails to a failed test's report: CI keeps no files, only what pytest prints).
+STARTED_LOGS: list[Path] = []
+#: The title of those tails in a report's sections (the root conftest prints each one's last lines at the end).
+E2E_LOG_SECTION = "e2e log"
+
 
 def wait_for(condition: Callable[[], Any], *, timeout: float, what: str, every: float = 0.02) -> Any:
     """Poll ``condition`` until it is truthy; fail naming ``what`` after ``timeout`` seconds."""
@@ -203,6 +209,7 @@ class WorkerProcess:
         if concurrency is not None:
             args += ["-c", str(concurrency)]
         self._log = open(self.log_path, "wb")
+        STARTED_LOGS.append(self.log_path)
         self.process = subprocess.Popen(args, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self._broker_url = broker_url or scenario.broker_url
         self._transport_options = conf.get("broker_transport_options")
@@ -351,6 +358,7 @@ class BeatProcess:
         if not self.durable and "-s" not in extra_args:  # stock beat keeps its schedule in a file of its own
             args += ["-s", str(self.log_path.with_suffix(".schedule"))]
         self._log = open(self.log_path, "wb")
+        STARTED_LOGS.append(self.log_path)
         self.process = subprocess.Popen(args, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
     def log(self) -> str:
