@@ -17,11 +17,15 @@ those records each ``-P durable`` worker keeps:
 their own never judge each other's holders.)
 
 A holder whose heartbeat ran out is dead: any live worker
-puts its records back at the head of their queues (kombu's ``restore_by_tag``,
-a WATCH transaction, so two restorers never both restore one tag). A tag in a
-live holder's set is never restored, whatever ``visibility_timeout`` says;
-a record in no held set (a stock worker's) keeps kombu's rule. Every key is
-behind the transport's ``global_keyprefix``. Pinned by tests/compat/test_redis_holders.py.
+puts its records back at the head of their queues (kombu's ``restore_by_tag``).
+Every live worker scans, so a tag goes back only by the restorer that first
+takes it: out of the dead holder's set (``ZREM`` answers 1 to one caller), or,
+past ``visibility_timeout``, by moving its claim time to now. Without that a
+second restorer, on a list read a moment before, found the tag unacked again
+(restored, then claimed by a live worker) and put a second copy in the queue.
+A tag in a live holder's set is never restored, whatever ``visibility_timeout``
+says; a record in no held set (a stock worker's) keeps kombu's rule. Every key
+is behind the transport's ``global_keyprefix``. Pinned by tests/compat/test_redis_holders.py.
 """
 
 from __future__ import annotations
@@ -93,6 +97,24 @@ return free
 """
 
 
+# KEYS: unacked index. ARGV: ceiling (as _EXPIRED_LUA's), now (the caller's clock, which claim times
+# are in, as kombu writes them), then tags. Of the tags, those still claimed before the ceiling, each
+# given a claim time of now: the caller restores them; any other restorer finds them fresh and leaves
+# them. A restorer that dies before its restore leaves a record a visibility timeout younger, restored
+# then: never lost.
+_TAKE_EXPIRED_LUA = """
+local taken = {}
+for i = 3, #ARGV do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) <= tonumber(ARGV[1]) then
+    redis.call('ZADD', KEYS[1], ARGV[2], ARGV[i])
+    taken[#taken + 1] = ARGV[i]
+  end
+end
+return taken
+"""
+
+
 class HeldSetUnreadable(Exception):
     """A dead holder's held-set key holds something other than a held set."""
 
@@ -123,6 +145,7 @@ class HolderScripts:
         self._dead = self.client.register_script(_DEAD_LUA)
         self._forget = self.client.register_script(_FORGET_LUA)
         self._expired = self.client.register_script(_EXPIRED_LUA)
+        self._take_expired = self.client.register_script(_TAKE_EXPIRED_LUA)
 
     def beat(self, holder: str, ttl: float) -> float:
         """Record ``holder`` alive for ``ttl`` from now (Redis's clock), pruning its held set of acked tags.
@@ -172,8 +195,35 @@ class HolderScripts:
                               args=[repr(ceiling), limit, keys.held_prefix])
         return [_text(t) for t in found]
 
+    def take_held(self, holder: str, tags: Sequence[str]) -> list[str]:
+        """Of ``tags``, those this caller took out of ``holder``'s held set: its to restore, no other's.
+
+        A restorer that dies before its restore leaves the record unacked in no held set: kombu's
+        visibility timeout brings it back (``expired_unheld``), late but never lost.
+        """
+        if not tags:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            for tag in tags:
+                pipe.zrem(self.keys.held(holder), tag)
+            removed = pipe.execute()
+        return [tag for tag, count in zip(tags, removed) if count]
+
+    def take_expired(self, tags: Sequence[str], ceiling: float, now: float) -> list[str]:
+        """Of ``tags``, those still claimed before ``ceiling``, now this caller's to restore (their claim
+        time moved to ``now``, so a restorer that read the same list leaves them)."""
+        if not tags:
+            return []
+        keys = self.keys
+        found = self._take_expired(keys=[keys.unacked_index], args=[repr(ceiling), repr(now), *tags])
+        return [_text(t) for t in found]
+
     def restore(self, tags: Sequence[str]) -> None:
-        """Put each tag's record back at the head of its queue, in order (kombu's ``QoS.restore_by_tag``)."""
+        """Put each tag's record back at the head of its queue, in order (kombu's ``QoS.restore_by_tag``).
+
+        Only tags this caller took (``take_held``, ``take_expired``): another restorer's tag may be a
+        live worker's claim again by now.
+        """
         qos = self.channel.qos
         for tag in tags:
             qos.restore_by_tag(tag, leftmost=False)

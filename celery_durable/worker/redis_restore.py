@@ -115,12 +115,15 @@ class RedisRestorer:
                            "come back after visibility_timeout", dead, exc,
                            extra={"event": "durable.redis.holder_unreadable", "holder": dead, "error": repr(exc)})
             return
-        scripts.restore(tags)
-        if scripts.forget(dead) and tags:
+        # Every live worker scans: only the tags this one takes out of the dead holder's set are its
+        # to restore (another may have restored one already, and a live worker claimed it again).
+        taken = scripts.take_held(dead, tags)
+        scripts.restore(taken)
+        if scripts.forget(dead) and taken:
             logger.warning("durable.redis.restored_dead_holder holder=%s messages=%d: its heartbeat stopped; "
-                           "what it held is back at the head of its queues", dead, len(tags),
+                           "what it held is back at the head of its queues", dead, len(taken),
                            extra={"event": "durable.redis.restored_dead_holder", "holder": dead,
-                                  "messages": len(tags)})
+                                  "messages": len(taken)})
 
     def restore(self) -> None:
         """kombu's restore of claims past ``visibility_timeout``, but never one a live holder holds."""
@@ -128,8 +131,10 @@ class RedisRestorer:
             return  # which holders are live is not known yet: restore nothing a live one may hold
         try:
             scripts = self._holder_scripts()
-            ceiling = time() - visibility_timeout(self._channel)
-            scripts.restore(scripts.expired_unheld(ceiling, restore_limit(self._channel)))
+            now = time()
+            ceiling = now - visibility_timeout(self._channel)
+            expired = scripts.expired_unheld(ceiling, restore_limit(self._channel))
+            scripts.restore(scripts.take_expired(expired, ceiling, now))
         except self._channel.connection_errors:
             logger.warning("durable.redis.restore_failed", exc_info=True,
                            extra={"event": "durable.redis.restore_failed"})

@@ -76,7 +76,7 @@ def test_a_dead_holders_claims_come_back_in_order_ahead_of_newer_ones_and_a_live
     assert scripts.dead() == ["dead"]
     tags = scripts.held_tags_oldest_last("dead")
     assert tags == [held_by_dead[1].delivery_tag, held_by_dead[0].delivery_tag]
-    scripts.restore(tags)
+    scripts.restore(scripts.take_held("dead", tags))
     assert scripts.forget("dead")
     assert scripts.dead() == []
     assert q.client.exists(held_key(q.channel, "dead")) == 0
@@ -98,7 +98,7 @@ def test_past_the_visibility_timeout_only_records_no_live_holder_holds_are_resto
     claimed_before = time.time() + 1  # every claim so far is past a visibility timeout of 0
     restorable = scripts.expired_unheld(claimed_before, -1)
     assert restorable == [stock_tag.decode()]
-    scripts.restore(restorable)
+    scripts.restore(scripts.take_expired(restorable, claimed_before, time.time()))
     assert queued(q) == ["stock"]
     assert q.client.hget(q.channel.qos.unacked_key, live.delivery_tag) is not None
 
@@ -161,3 +161,54 @@ def test_a_held_key_of_another_type_is_unreadable_and_can_be_discarded(
         scripts.held_tags_oldest_last("stranger")
     scripts.discard("stranger")
     assert scripts.dead() == [] and q.client.exists(held_key(q.channel, "stranger")) == 0
+
+
+@pytest.mark.parametrize("prefix", ["", "compat-holders:"])
+def test_a_dead_holders_tag_restored_and_claimed_again_is_not_restored_by_a_second_restorer(
+        holders_of: Callable[..., tuple[RedisQueue, HolderScripts]], prefix: str) -> None:
+    """Every live worker scans for dead holders. Before, a second restorer on the list it read before the
+    first restored (the tag unacked again: a live worker had claimed it) put a second copy in the queue:
+    the CI run of 79921e6 saw a killed worker's task run twice on the survivor, 2 s apart."""
+    q, scripts = holders_of(global_keyprefix=prefix)
+    q.publish("m1")
+    scripts.beat("dead", TTL)
+    [held] = claim_as(q, "dead", 1)
+    scripts.leave("dead")
+    first_read = scripts.held_tags_oldest_last("dead")
+    second_read = scripts.held_tags_oldest_last("dead")  # another worker's scan, at the same moment
+    assert first_read == second_read == [held.delivery_tag]
+
+    scripts.restore(scripts.take_held("dead", first_read))
+    assert waiting(q, scripts) == 1
+    scripts.beat("alive", TTL)
+    [again] = claim_as(q, "alive", 1)  # a live worker takes it back out: unacked again, same tag
+    assert again.delivery_tag == held.delivery_tag
+
+    assert scripts.take_held("dead", second_read) == [], "the second restorer took a tag already restored"
+    scripts.restore([])  # what the second restorer restores: nothing
+    assert waiting(q, scripts) == 0, "a second copy went back to the queue"
+    assert scripts.client.hexists(scripts.keys.unacked, again.delivery_tag), "the live claim stays unacked"
+
+
+def waiting(q: RedisQueue, scripts: HolderScripts) -> int:
+    """How many messages wait in ``q``'s lists (behind its global_keyprefix)."""
+    prefix = redis_claim.key_prefix(q.channel)
+    return sum(int(scripts.client.llen(prefix + name)) for name in redis_claim.priority_lists(q.channel, q.name))
+
+
+def test_an_expired_record_restored_and_claimed_again_is_not_restored_by_a_second_restorer(
+        holders_of: Callable[..., tuple[RedisQueue, HolderScripts]]) -> None:
+    q, scripts = holders_of(visibility_timeout=0)
+    q.publish("stock")
+    q.claim(1)  # a stock worker's claim, in no held set
+    ceiling = time.time() + 1
+    first_read = scripts.expired_unheld(ceiling, -1)
+    second_read = scripts.expired_unheld(ceiling, -1)
+    assert first_read == second_read and len(first_read) == 1
+
+    scripts.restore(scripts.take_expired(first_read, ceiling, time.time()))
+    items, [tag], _ = q.claim(1)  # claimed again: a fresh claim time
+    assert tag.decode() == first_read[0]
+    # The second restorer's ceiling is its own, read with its list: the fresh claim is after it now.
+    assert scripts.take_expired(second_read, ceiling - 1, time.time()) == []
+    assert queued(q) == []
