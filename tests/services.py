@@ -6,7 +6,28 @@ import os
 
 import pytest
 
-REDIS_URL = os.environ.get("DURABLE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+def _own_redis_database() -> int:
+    """One Redis database per pytest-xdist process (gw0 → 1, gw1 → 2, …; 0 without xdist).
+
+    Redis keeps one ``unacked`` hash per database, shared by every worker on it, and a worker
+    restores any unacked message older than its own ``visibility_timeout``, stock kombu's rule.
+    Tests of that timeout set it to seconds: run beside them on one database, a stock worker's
+    prefetched messages went back to the queue while it still held them and ran twice (the CI run
+    of 10d149b: ``test_stock_prefetch_makes_a_short_task_wait_behind_the_long_one[redis]``, 13
+    runs of 12). Tests in one process run one after another, so a database each keeps them apart.
+    Databases 14 and 15 belong to the benchmarks and to the observation channel.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return 0
+    database = int(worker[2:]) + 1
+    if database >= 14:
+        raise RuntimeError(f"pytest-xdist process {worker} has no Redis database of its own (1..13)")
+    return database
+
+
+REDIS_URL = os.environ.get("DURABLE_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{_own_redis_database()}")
 AMQP_URL = os.environ.get("DURABLE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 OBSERVE_URL = os.environ.get("DURABLE_TEST_OBSERVE_URL", "redis://127.0.0.1:6379/15")
 POSTGRES_URL = os.environ.get("DURABLE_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
