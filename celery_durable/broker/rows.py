@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Sequence
@@ -89,11 +90,23 @@ def text_array(items: Sequence[str]) -> str:
     that the server parses and types on every call: for a pass over 200 queues that was two thirds of
     the statement (0.9–1.07 ms → 0.31–0.38 ms as one literal, measured on this machine).
     """
-    return "{" + ",".join('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items) + "}"
+    return _text_literal(tuple(items))
 
 
 def int_array(items: Sequence[int]) -> str:
     """``items`` as one PostgreSQL array literal (see ``text_array``)."""
+    return _int_literal(tuple(items))
+
+
+# Cached: a worker's passes send the same few arrays again and again (its queues in each rotation,
+# their free slots); formatting them cost a 200-queue pass ~0.25 ms of the hub's time.
+@functools.lru_cache(maxsize=1024)
+def _text_literal(items: tuple[str, ...]) -> str:
+    return "{" + ",".join('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items) + "}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _int_literal(items: tuple[int, ...]) -> str:
     return "{" + ",".join(str(int(item)) for item in items) + "}"
 
 

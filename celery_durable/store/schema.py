@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
 #: The Alembic revision the code reads and writes; a database behind it must be migrated.
-HEAD_REVISION = "0010_run_settled_by"
+HEAD_REVISION = "0011_one_queue_pass"
 
 #: The databases the store's SQL is written for (SQLAlchemy backend names; any driver of them).
 SUPPORTED_BACKENDS = ("postgresql", "sqlite")

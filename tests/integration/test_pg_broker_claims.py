@@ -251,3 +251,27 @@ def test_a_pass_over_many_queues_asks_as_the_pure_sweep_plans(db_url: str, asked
     free = {q: 2 for q in queues}
     asks = rows.claim_pass(engine, queues, [free[q] for q in queues], 5, "h", 30)
     assert [(a.queue, a.count, a.taken) for a in asks] == _planned(queues, ready, free, 5)
+
+
+def test_random_passes_ask_as_the_pure_sweep_plans_one_queue_or_many(db_url: str) -> None:
+    """Seeded random passes (1 to 12 queues, some empty, some full, with and without a process cap):
+    the server's asks are the pure sweep's, ask for ask — the one-queue pass without a ready probe and
+    the many-queue pass that visits only queues worth an ask included (migration 0011)."""
+    import random
+
+    from tests.integration.test_pg_broker import _planned
+
+    engine = ensure_schema(db_url)
+    generator = random.Random(20261206)
+    for case in range(60):
+        queues = [f"r{case}-{i:02d}" for i in range(generator.choice([1, 1, 2, 3, 9, 12]))]
+        ready = {q: generator.choice([0, 0, 1, 2, 5]) for q in queues}
+        free = {q: generator.choice([0, 1, 2, 4]) for q in queues}
+        room = generator.choice([None, 0, 1, 2, 3, 7])
+        with engine.begin() as c:
+            c.execute(sa.text("DELETE FROM durable_broker_messages"))
+            rows.insert(c, [rows.Outgoing(q, {"properties": {}, "body": f"{q}-{i}"})
+                            for q in queues for i in range(ready[q])])
+        asks = rows.claim_pass(engine, queues, [free[q] for q in queues], room, "h", 30)
+        assert [(a.queue, a.count, a.taken) for a in asks] == _planned(queues, ready, free, room), \
+            (case, ready, free, room)
