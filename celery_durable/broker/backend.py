@@ -166,6 +166,13 @@ class PgRows:
     def take_wakeups(self) -> tuple[bool, set[str]]:
         return self._wakeups().take()
 
+    def take_notified(self) -> set[str] | None:
+        """The queues a NOTIFY named since the last call, or None if some may have gone unseen (no LISTEN
+        open all along): what a claimer that skips queues it knows are empty must hear of."""
+        with self._lock:
+            waker = self._waker
+        return None if waker is None else waker.take_seen()
+
     def wait(self, timeout: float) -> bool:
         self.flush_acks()
         return self._wakeups().wait(timeout)

@@ -34,6 +34,13 @@ class Waker:
         self._report = report
         self._engine = engine if engine is not None and engine.dialect.name == "postgresql" else None
         self._listener: Any = None
+        #: NOTIFY payloads read and not yet taken by ``take`` (the wake-up's reader) ...
+        self._pending: set[str] = set()
+        #: ... and by ``take_seen`` (a claimer's record of queues that got rows), kept apart: each
+        #: reader forgets only what it was told.
+        self._seen: set[str] = set()
+        #: Notifications may have gone unseen since the last ``take_seen`` (no LISTEN yet, or it broke).
+        self._lost = True
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
@@ -78,15 +85,27 @@ class Waker:
         else:
             self._report(failure)
 
+    def _collect(self) -> bool:
+        """Read the notifications that arrived into both readers' records; False if LISTEN broke (dropped)."""
+        listener = self._listener
+        if listener is None:
+            return True
+        try:
+            listener.poll()
+            if listener.notifies:
+                payloads = {notify.payload for notify in listener.notifies}
+                listener.notifies.clear()
+                self._pending |= payloads
+                self._seen |= payloads
+        except Exception:  # noqa: BLE001 - a broken LISTEN connection is dropped; callers claim or poll anyway
+            self._drop()
+            return False
+        return True
+
     def clear(self) -> None:
         """Forget notifications seen so far (call just before reading the table)."""
-        listener = self._listener
-        if listener is not None:
-            try:
-                listener.poll()
-                listener.notifies.clear()
-            except Exception:  # noqa: BLE001 - a broken LISTEN connection is dropped; the table is read all the same
-                self._drop()
+        self._collect()
+        self._pending.clear()
         try:
             while os.read(self._read_fd, 4096):
                 pass
@@ -104,16 +123,10 @@ class Waker:
 
     def take(self) -> tuple[bool, set[str]]:
         """Forget the wake-ups seen so far and say what they were: (woken by ``wake()``, the NOTIFY payloads)."""
-        payloads: set[str] = set()
-        listener = self._listener
-        if listener is not None:
-            try:
-                listener.poll()
-                payloads = {notify.payload for notify in listener.notifies}
-                listener.notifies.clear()
-            except Exception:  # noqa: BLE001 - a broken LISTEN connection is dropped; the caller claims anyway
-                self._drop()
-                return True, payloads
+        listening = self._collect()
+        payloads, self._pending = self._pending, set()
+        if not listening:
+            return True, payloads
         woken = False
         try:
             while os.read(self._read_fd, 4096):
@@ -126,21 +139,25 @@ class Waker:
         """Block up to ``timeout`` seconds; True if woken before it ran out."""
         self.open()
         fds: list[Any] = [self._read_fd]
+        if self._collect() and self._pending:  # a LISTEN that broke is dropped: the wait falls back to polling
+            return True
         listener = self._listener
         if listener is not None:
-            try:
-                listener.poll()
-                if listener.notifies:
-                    return True
-            except Exception:  # noqa: BLE001 - a broken LISTEN connection is dropped; the wait falls back to polling
-                self._drop()
-                listener = None
-            else:
-                fds.append(listener)
+            fds.append(listener)
         if timeout <= 0:
             return False
         ready, _, _ = select.select(fds, [], [], timeout)
         return bool(ready)
+
+    def take_seen(self) -> set[str] | None:
+        """The NOTIFY payloads read since the last call (reading any waiting now), or None when some may
+        have been missed since then: LISTEN was not open all along (not yet, or broken and reopened)."""
+        listening = self._collect() and self._listener is not None
+        seen, self._seen = self._seen, set()
+        if not listening or self._lost:
+            self._lost = not listening
+            return None
+        return seen
 
     def wake(self) -> None:
         try:
@@ -157,6 +174,7 @@ class Waker:
                 pass
 
     def _drop(self) -> None:
+        self._lost = True
         if self._listener is not None:
             try:
                 self._listener.close()

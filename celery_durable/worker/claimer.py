@@ -16,15 +16,19 @@ from celery_durable.planning.claim_sweep import (
     next_ask,
     overdraw_after,
     overdrawn,
+    passed_over,
     record,
     skip_to,
+    unanswered,
     waitable_queues,
 )
+from celery_durable.planning.known_empty import NOTHING_KNOWN, KnownEmpty, after_pass, notified, pass_order
 from celery_durable.planning.ready_counts import ReadyCounts
 from celery_durable.worker.admission import Admitter
 from celery_durable.worker.claim_stats import ClaimStats
 from celery_durable.worker.fetchers import (
     Fetcher,
+    NotifyingFetcher,
     PassFetcher,
     ProbingFetcher,
     fetcher_for,
@@ -82,6 +86,9 @@ class Claimer:
         self._fetcher: Fetcher | None = None
         self._pass_fetcher: PassFetcher | None = None
         self._probing_fetcher: ProbingFetcher | None = None
+        self._notifying_fetcher: NotifyingFetcher | None = None
+        #: Queues a pass may leave out (planning/known_empty.py); only with a broker that notifies.
+        self._known_empty: KnownEmpty = NOTHING_KNOWN
         self._idle: IdleWait | None = None
         self._ready = ReadyCounts()
         self.passes = 0
@@ -107,6 +114,8 @@ class Claimer:
         # runtime-checkable protocol walks its members (~3 % of a pass).
         self._pass_fetcher = self._fetcher if isinstance(self._fetcher, PassFetcher) else None
         self._probing_fetcher = self._fetcher if isinstance(self._fetcher, ProbingFetcher) else None
+        self._notifying_fetcher = self._fetcher if isinstance(self._fetcher, NotifyingFetcher) else None
+        self._known_empty = NOTHING_KNOWN
         self._admission.parker = parker_for(self._connection, channel)
         self._may_overdraw = gives_back_in_place(channel)
         self._idle = idle_wait_for(self._connection, channel, self._hub, accept=self._accept,
@@ -137,6 +146,7 @@ class Claimer:
         """
         if self._idle is not None:
             self._idle.cancel()
+        self._known_empty = NOTHING_KNOWN
         self.kick()
 
     def stats(self) -> ClaimStats:
@@ -187,20 +197,27 @@ class Claimer:
         # Runs whose ETA fell due while the worker was full go before new claims.
         self._before_pass()
         queues = {queue.name: queue for queue in self._queues()}
-        order = [name for name in self.held.queues() if name in queues]
-        free = self.held.free_slots()
+        order: Sequence[str] = [name for name in self.held.queues() if name in queues]
+        free = self.held.free_slots()  # every held queue's; a queue no longer consumed is left out
+        if len(free) != len(order):
+            free = {q: free[q] for q in order}
         room = self.held.room()
         # A pass that asks beyond its room must check each run against the slots as it admits it;
         # one that does not cannot take more than its room, and skips that bookkeeping.
         bounded = self._overdraw > 0 and room > 0
-        free, room = overdrawn({q: free.get(q, 0) for q in order}, room, self._overdraw)
+        free, room = overdrawn(free, room, self._overdraw)
         if self._probing_fetcher is not None and room > 0:
             free = self._probed(self._probing_fetcher, free)
+        full = True
+        if self._notifying_fetcher is not None:
+            self._known_empty = notified(self._known_empty, self._notifying_fetcher.notified())
+            # Rotated here, before queues are left out: the turn is the whole order's.
+            order, full = pass_order(order, self.cursor, self._known_empty, self._clock.monotonic())
         sweep = begin_sweep(order, free, room, self.cursor)
         self.passes += 1
         went_to_wait = handed_back = 0
         if self._pass_fetcher is not None and self.claiming:
-            sweep, went_to_wait, handed_back = self._run_whole_pass(self._pass_fetcher, sweep, bounded)
+            sweep, went_to_wait, handed_back = self._run_whole_pass(self._pass_fetcher, sweep, bounded, full)
         else:
             while self.claiming:
                 ask, sweep = next_ask(sweep)
@@ -224,6 +241,11 @@ class Claimer:
             self.kick()
         self.cursor = sweep.cursor
         self.claimed_by_passes += sweep.claimed
+        if not full and self.claiming and self.held.room() > 0:
+            # A pass that left queues out and still has room: one of them may hold what fills it
+            # (a row no notification announced). A full pass now, before any idle wait is armed.
+            self._known_empty = NOTHING_KNOWN
+            self.kick()
         if self.claiming and self.held.room() > 0 and not self._kick_pending:
             # Every queue with a free slot gave less than it was asked for: wait
             # on all of them at once instead of polling. Not while a kick is
@@ -253,16 +275,24 @@ class Claimer:
             self._ready.probed(ready, now, now - started)
         return {q: min(slots, ready.get(q, slots)) for q, slots in free.items()}
 
-    def _run_whole_pass(self, fetcher: PassFetcher, sweep: Sweep, bounded: bool) -> tuple[Sweep, int, int]:
+    def _run_whole_pass(self, fetcher: PassFetcher, sweep: Sweep, bounded: bool,
+                        full: bool) -> tuple[Sweep, int, int]:
         """The pass in one broker round trip; the planner replays its asks and must agree with each.
 
         Returns the sweep, how many messages took no slot (parked, waiting, dropped) and how many
-        went back to the broker for want of one.
+        went back to the broker for want of one. With a broker that notifies, records the queues the
+        pass proved empty (asked, and gave less than asked).
         """
         results = fetcher.claim_pass(sweep.to_ask, sweep.free, sweep.room)
         unreadable = 0
         taken: list[tuple[str, Any]] = []
+        learning = self._notifying_fetcher is not None
+        emptied: list[str] = []
         for result in results:
+            if learning:
+                emptied.extend(passed_over(sweep, result.queue))
+                if result.taken < result.count:
+                    emptied.append(result.queue)
             # The broker reports only the asks that took messages; the ones
             # between took nothing and leave the sweep as it was.
             ask, sweep = next_ask(skip_to(sweep, result.queue))
@@ -274,6 +304,10 @@ class Claimer:
             # came meanwhile: it is counted, and the drain hands it back.
             taken.extend((result.queue, message) for message in result.messages)
             unreadable += result.taken - len(result.messages)
+        if learning:
+            emptied.extend(unanswered(sweep))
+            self._known_empty = after_pass(self._known_empty, full=full, now=self._clock.monotonic(),
+                                           emptied=emptied)
         # Admitted together: the limit gate decides a pass's limited messages in one store transaction.
         admitted, handed_back = self._admission.admit_all(taken, bounded)
         return sweep, unreadable + len(taken) - admitted - handed_back, handed_back

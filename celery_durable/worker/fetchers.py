@@ -61,6 +61,15 @@ class PassFetcher(Fetcher, Protocol):
         ...
 
 
+@runtime_checkable
+class NotifyingFetcher(PassFetcher, Protocol):
+    """A pass fetcher whose broker says which queues got rows, so a pass may leave out the ones known empty."""
+
+    def notified(self) -> set[str] | None:
+        """The queues that got rows since the last call, or None if the broker may not have said so for all."""
+        ...
+
+
 class GetFetcher:
     """Any kombu transport: one ``basic_get`` per message (AMQP, the SQLAlchemy broker)."""
 
@@ -163,6 +172,11 @@ class PgFetcher:
             # A row the claim parked (not a kombu message) cost the ask one: ask again for it,
             # unless the queue ran dry. Only poison costs a second statement.
             wanted = wanted - len(messages) if taken == wanted and keep_going() else 0
+
+    def notified(self) -> set[str] | None:
+        # The transport's LISTEN connection: each INSERT NOTIFYs its queue (read here, in the claimer's thread).
+        notified: set[str] | None = self._rows.take_notified()
+        return notified
 
     def claim_pass(self, order: Sequence[str], free: Mapping[str, int], room: int | None) -> list[PassAsk]:
         queues = list(order)

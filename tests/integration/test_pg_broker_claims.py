@@ -275,3 +275,152 @@ def test_random_passes_ask_as_the_pure_sweep_plans_one_queue_or_many(db_url: str
         asks = rows.claim_pass(engine, queues, [free[q] for q in queues], room, "h", 30)
         assert [(a.queue, a.count, a.taken) for a in asks] == _planned(queues, ready, free, room), \
             (case, ready, free, room)
+
+
+def test_a_busy_claimer_leaves_out_queues_known_empty_until_a_notify_names_one_or_their_proof_ages(
+        db_url: str) -> None:
+    """A worker at its cap on one queue of 20 asks only that queue, not all 20, on each freed slot; a
+    publish to another queue (its NOTIFY) puts that queue back in the very next pass, in its turn; a row
+    that comes back with no NOTIFY (a dead holder's lapsed lease) waits for the last full pass's proof to
+    age past KNOWN_EMPTY_FOR, then the full pass takes it; a narrowed pass that leaves room is followed by
+    a full one at once."""
+    import select
+    from types import SimpleNamespace
+
+    from kombu import Connection, Exchange, Queue
+
+    from celery_durable.planning.known_empty import KNOWN_EMPTY_FOR
+    from celery_durable.testing.clock import FakeClock
+    from celery_durable.worker.claimer import Claimer
+    from celery_durable.worker.held_runs import HeldRuns
+
+    register()
+    names = [f"q{i:03d}" for i in range(20)]
+    queues = [Queue(name, Exchange(name), name) for name in names]
+    engine = ensure_schema(db_url)
+    clock = FakeClock(monotonic=100.0)
+    with Connection(f"durable+{db_url}") as conn, Connection(f"durable+{db_url}") as producer:
+        conn.connect()
+        backend = conn.transport.rows
+        listen_fds = backend.wakeup_fds()  # the LISTEN a worker's hub opens
+        asked: list[int] = []  # queues in each claim statement
+        backend.hot.listen(lambda sql, params: asked.append(len(params["queues"].split(",")))
+                           if "durable_broker_claim_pass" in sql else None)
+
+        def publish(queue: str, count: int) -> None:
+            channel = producer.default_channel
+            messages = [channel.prepare_message(channel.encode_body(json.dumps({"q": queue}))[0],
+                                                content_type="application/json", content_encoding="utf-8")
+                        for _ in range(count)]
+            Queue(queue, Exchange(queue), queue)(channel).declare()
+            channel.basic_publish_many(messages, queue, queue)
+            assert select.select(listen_fds, [], [], 5)[0], "the publish's NOTIFY never arrived"
+
+        got: list[Any] = []
+        scheduled: list[Any] = []
+        held = HeldRuns(1, {name: 1 for name in names})
+        claimer = Claimer(connection=conn, queues=lambda: queues, held=held, accept=["json"],
+                          schedule=scheduled.append, clock=clock)
+
+        def handle(message: Any) -> None:
+            # As Celery's strategy does: a request for the message (it holds its slot until it ends).
+            got.append(message)
+            claimer.bind_request(SimpleNamespace(message=message, eta=None, _eta_timer_entry=None))
+
+        claimer.handler = handle
+
+        def next_run() -> str:
+            """The run held ends (acked, its slot given back); the pass that follows: the queue it took from."""
+            before = len(got)
+            run = got[-1]
+            held.give_back(run)
+            run.ack()
+            scheduled.clear()
+            claimer.run_pass()
+            return str(json.loads(got[-1].body)["q"]) if len(got) > before else ""
+
+        publish("q019", 50)
+        try:
+            claimer.start()  # nothing known yet: a full pass
+            assert asked[-1] == 20 and len(got) == 1
+            assert next_run() == "q019" and asked[-1] == 1  # q000..q018 proved empty: left out
+            assert next_run() == "q019" and asked[-1] == 1
+
+            publish("q005", 1)
+            # Back in the next pass, in its turn after the cursor (q019): before q019.
+            assert next_run() == "q005" and asked[-1] == 2
+            # q005 gave all it was asked (one): not known empty until a pass asks it and it gives less.
+            assert next_run() == "q019" and asked[-1] == 2  # room ran out at q019: q005 not asked
+            assert next_run() == "q019" and asked[-1] == 2  # q005 asked first, gave nothing
+            assert next_run() == "q019" and asked[-1] == 1
+
+            # A message on q003 taken by a holder that dies: its NOTIFY put q003 back in a pass, which
+            # found it held and left it out again. Its lease lapses with no NOTIFY.
+            publish("q003", 1)
+            assert rows.claim(engine, "q003", 1, "dies", DYING_TTL)
+            assert next_run() == "q019" and asked[-1] == 2
+            with engine.connect() as c:
+                lapsed = sa.text("SELECT count(*) FROM durable_broker_messages "
+                                 "WHERE queue = 'q003' AND lease_expires_at < clock_timestamp()")
+                deadline = time.monotonic() + 10
+                while not c.execute(lapsed).scalar():
+                    assert time.monotonic() < deadline, "the dying holder's lease never lapsed"
+                    time.sleep(0.05)
+            # Ready again, and no NOTIFY said so: left out while the full pass's proof is young ...
+            clock.advance(KNOWN_EMPTY_FOR / 2)
+            assert next_run() == "q019" and asked[-1] == 1
+            # ... taken, in its turn, by the full pass once the proof has aged.
+            clock.advance(KNOWN_EMPTY_FOR)
+            assert next_run() == "q003" and asked[-1] == 20
+
+            # q019 emptied behind the claimer's back (no NOTIFY): the narrowed pass finds nothing and
+            # still has room, so a full pass follows at once, not an idle wait.
+            assert next_run() == "q019" and asked[-1] < 20
+            with engine.begin() as c:
+                c.execute(sa.text("DELETE FROM durable_broker_messages WHERE queue = 'q019' AND holder IS NULL"))
+            assert next_run() == "" and asked[-1] < 20
+            assert len(scheduled) == 1
+            scheduled.pop()()
+            assert asked[-1] == 20
+        finally:
+            claimer.close()
+
+
+def test_the_listen_connection_tells_the_claimer_and_the_wake_up_each_what_was_notified(db_url: str) -> None:
+    """A claimer's record of notified queues and the transport's wake-ups read the same LISTEN, each
+    forgetting only what it was told; before LISTEN is open, or after it broke, the record says None
+    (a notification may have been missed) once."""
+    import select
+
+    from celery_durable.store.notify import Waker
+
+    engine = ensure_schema(db_url)
+    waker = Waker(engine, channel=rows.CHANNEL)
+    try:
+        assert waker.take_seen() is None  # not listening yet
+        fds = waker.fds()  # opens LISTEN
+        assert waker.take_seen() is None  # notifications before it opened were not heard
+        assert waker.take_seen() == set()
+
+        def insert(queue: str) -> None:
+            with engine.begin() as c:
+                rows.insert(c, [rows.Outgoing(queue, {"properties": {}, "body": "x"})])
+            assert select.select(fds, [], [], 5)[0], "the NOTIFY never arrived"
+
+        insert("a")
+        assert waker.take() == (False, {"a"})  # the wake-up's reader
+        insert("b")
+        assert waker.take_seen() == {"a", "b"}  # the claimer's: both, though the wake-up read "a" first
+        assert waker.take() == (False, {"b"})
+        assert waker.take_seen() == set()
+
+        waker._drop()  # LISTEN broke
+        insert_without_listen = rows.Outgoing("c", {"properties": {}, "body": "x"})
+        with engine.begin() as c:
+            rows.insert(c, [insert_without_listen])
+        fds = waker.fds()  # reopened
+        assert waker.take_seen() is None
+        insert("d")
+        assert waker.take_seen() == {"d"}
+    finally:
+        waker.close()

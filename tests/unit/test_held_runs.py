@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import sys
 import threading
 from collections.abc import Iterator
@@ -277,3 +278,32 @@ def test_a_run_in_the_pool_is_never_scheduled():
     run.in_pool = True
     assert held.schedule(message) is False
     assert held.held() == 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_free_slots_kept_as_runs_come_and_go_equal_a_recount(seed):
+    """The free slots are kept as runs are taken, scheduled, admitted, given back and queues change;
+    after every step they equal the slots less the runs holding one, counted afresh."""
+    rng = random.Random(seed)
+    slots = {"a": 2, "b": 1, "c": 3}
+    held = HeldRuns(4, slots)
+    messages: list[object] = []
+    for _ in range(200):
+        op = rng.choice(["take", "take", "give_back", "schedule", "try_admit", "set_queue"])
+        if op == "take":
+            message = object()
+            held.take(rng.choice(sorted(slots)), message)
+            messages.append(message)
+        elif op == "set_queue":
+            queue = rng.choice(["a", "b", "c", "d"])
+            slots[queue] = rng.randint(0, 4)
+            held.set_queue(queue, slots[queue])
+        elif messages:
+            message = rng.choice(messages)
+            if op == "give_back":
+                held.give_back(message)
+                messages.remove(message)
+            else:
+                getattr(held, op)(message)
+        holding = [run.queue for run in held.snapshot() if not run.scheduled]
+        assert held.free_slots() == {q: max(n - holding.count(q), 0) for q, n in slots.items()}
