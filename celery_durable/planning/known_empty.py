@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import filterfalse
 
 from celery_durable.planning.claim_sweep import rotate
 
@@ -42,7 +43,7 @@ def pass_order(queues: Sequence[str], cursor: str | None, known: KnownEmpty,
     order = rotate(queues, cursor)
     if not known.queues or known.full_at is None or now - known.full_at > KNOWN_EMPTY_FOR:
         return order, True
-    narrowed = tuple(queue for queue in order if queue not in known.queues)
+    narrowed = tuple(filterfalse(known.queues.__contains__, order))  # in C: a pass over 200 queues is busy
     if not narrowed:
         return order, True
     return narrowed, False
@@ -55,7 +56,8 @@ def after_pass(known: KnownEmpty, *, full: bool, now: float, emptied: Iterable[s
     """
     if full:
         return KnownEmpty(frozenset(emptied), now)
-    return KnownEmpty(known.queues | frozenset(emptied), known.full_at)
+    more = frozenset(emptied) - known.queues
+    return KnownEmpty(known.queues | more, known.full_at) if more else known
 
 
 def notified(known: KnownEmpty, queues: set[str] | None) -> KnownEmpty:

@@ -89,6 +89,11 @@ class Claimer:
         self._notifying_fetcher: NotifyingFetcher | None = None
         #: Queues a pass may leave out (planning/known_empty.py); only with a broker that notifies.
         self._known_empty: KnownEmpty = NOTHING_KNOWN
+        # The last pass's consumed queues and order (``_consumed_order``).
+        self._consumed: Sequence[Any] = ()
+        self._held_queues: tuple[str, ...] = ()
+        self._queue_map: dict[str, Any] = {}
+        self._order: tuple[str, ...] = ()
         self._idle: IdleWait | None = None
         self._ready = ReadyCounts()
         self.passes = 0
@@ -196,8 +201,7 @@ class Claimer:
         self._idle.cancel()
         # Runs whose ETA fell due while the worker was full go before new claims.
         self._before_pass()
-        queues = {queue.name: queue for queue in self._queues()}
-        order: Sequence[str] = [name for name in self.held.queues() if name in queues]
+        queues, order = self._consumed_order()
         free = self.held.free_slots()  # every held queue's; a queue no longer consumed is left out
         if len(free) != len(order):
             free = {q: free[q] for q in order}
@@ -254,6 +258,16 @@ class Claimer:
             names = waitable_queues(self.held.queues(), self.held.free_slots(), self.held.room())
             self._idle.arm({name: queues[name] for name in names if name in queues})
         return sweep.claimed
+
+    def _consumed_order(self) -> tuple[dict[str, Any], Sequence[str]]:
+        """The consumed queues by name, and the held queues' order among them; rebuilt only when either
+        changed (compared in C, object by object: a pass over 200 queues rebuilt them for ~20 us)."""
+        consumed, held = self._queues(), self.held.queues()
+        if consumed != self._consumed or held != self._held_queues:
+            self._consumed, self._held_queues = consumed, held
+            self._queue_map = {queue.name: queue for queue in consumed}
+            self._order = tuple(name for name in held if name in self._queue_map)
+        return self._queue_map, self._order
 
     def _probed(self, fetcher: ProbingFetcher, free: dict[str, int]) -> dict[str, int]:
         """Free slots capped by each queue's ready messages, so a pass asks only queues with work.
