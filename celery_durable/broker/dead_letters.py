@@ -7,7 +7,9 @@ n that already carries ``retries`` r may be handed to n + 1 − r holders; the
 hand-out after that many died is the claim's to bury. A durable task's run is
 settled ``dead`` (as ``RunExhausted`` buries one a worker started), a plain
 task's row goes to ``<queue>.durable.parked`` with a reason header. Each is
-logged and counted ``jobs_total{outcome="dead_lettered"}``; none is deleted silently.
+logged and counted ``jobs_total{outcome="dead_lettered"}``; none is deleted silently. The task's
+result becomes FAILURE (``RunExhausted``) in the app's result backend, as stock Celery records
+``WorkerLostError`` for a task whose process died: ``AsyncResult.get()`` raises instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from kombu.serialization import loads, prepare_accept_content
 
+from celery_durable.errors import RunExhausted
 from celery_durable.headers import (
     PARKED_FROM_HEADER,
     PARKED_REASON_HEADER,
@@ -78,6 +81,7 @@ def bury(app: Any, queue: str, payload: dict[str, Any], lapses: int) -> Burial |
                  extra={"event": "durable.broker.dead", "task": task.name, "task_id": headers.get(TASK_ID_HEADER),
                         "queue": queue, "lapses": lapses})
     metrics.count(queue, "dead_lettered")
+    _record_failure(task, headers.get(TASK_ID_HEADER), reason)
     parked = dict(payload)
     parked["headers"] = {**headers, PARKED_FROM_HEADER: queue, PARKED_REASON_HEADER: f"RunExhausted: {reason}"}
     return Burial(PARK, parked)
@@ -102,9 +106,23 @@ def _settle_run(task: Any, queue: str, payload: dict[str, Any], headers: dict[st
                      run_id, reason, extra={"event": "durable.run.exhausted", "task": task.name, "run_id": run_id,
                                             "queue": queue})
         metrics.count(queue, "dead_lettered")
+        _record_failure(task, run_id, reason)
         call_hook(task, settled)
     # Not settled now: it had settled already, or a live attempt holds the run — the message is spent either way.
     return Burial(SETTLED, payload)
+
+
+def _record_failure(task: Any, task_id: Any, reason: str) -> None:
+    """FAILURE with ``RunExhausted`` in the result backend, unless the task keeps no result or there is none."""
+    if task_id is None or getattr(task, "ignore_result", False):
+        return
+    try:
+        task.backend.mark_as_failure(str(task_id), RunExhausted(reason))
+    except NotImplementedError:
+        pass  # no result backend configured: the log line and the counter say it
+    except Exception as err:  # noqa: BLE001 - the burial stands; the result backend is told nothing more
+        logger.warning("durable.broker.dead_result_failed id=%s: the result backend did not take the FAILURE (%s)",
+                       task_id, err, extra={"event": "durable.broker.dead_result_failed", "task_id": str(task_id)})
 
 
 def _arguments(payload: dict[str, Any], accept: Any) -> tuple[list[Any], dict[str, Any]]:

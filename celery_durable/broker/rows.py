@@ -144,6 +144,11 @@ def claim(target: Target, queue: str, limit: int, holder: str, ttl: float,
     """
     rows, _ = _run(target, _CLAIM, {"queue": queue, "limit": limit, "holder": holder, "ttl": ttl,
                                     "acked": int_array(acked)})
+    return _claimed(target, rows)[0]
+
+
+def _claimed(target: Target, rows: list[tuple[Any, ...]]) -> tuple[list[Claimed], int]:
+    """The one-queue claim's rows in its order, readable ones as Claimed (the rest parked); and how many it took."""
     # RETURNING follows no order: the claim's order is put back here.
     rows.sort(key=lambda row: (-row[2], row[0]))
     claimed: list[Claimed] = []
@@ -157,7 +162,15 @@ def claim(target: Target, queue: str, limit: int, holder: str, ttl: float,
             claimed.append(Claimed(row_id, row_queue, priority, payload, delivery_count, lapses))
     if poison:
         park(_engine(target), poison)
-    return claimed
+    return claimed, len(rows)
+
+
+def _one_queue_ask(queues: Sequence[str], free: Sequence[int], room: int | None) -> int:
+    """A pass over one queue is one ask of min(its free slots, the room): that count; 0 for a pass of
+    several queues, or one with nothing to ask (the pass function still deletes the acks it carries)."""
+    if len(queues) != 1:
+        return 0
+    return max(free[0] if room is None else min(free[0], room), 0)
 
 
 @dataclass(frozen=True)
@@ -176,6 +189,15 @@ def claim_pass(target: Target, queues: Sequence[str], free: Sequence[int], room:
 
     ``acked``: rows ``holder`` acked since its last statement, deleted by the same statement first.
     """
+    asked = _one_queue_ask(queues, free, room)
+    if asked:
+        # One queue (a busy worker's pass leaves out the queues it knows are empty, so this is the
+        # common pass): its one ask is the one-queue claim, whose function is a single statement —
+        # 114 us in isolation against the pass function's ~300 (PL/pgSQL's loop and arrays).
+        claimed, taken = _claimed(target, _run(target, _CLAIM, {"queue": queues[0], "limit": asked,
+                                                                  "holder": holder, "ttl": ttl,
+                                                                  "acked": int_array(acked)})[0])
+        return [PassAsk(queues[0], asked, taken, claimed)] if taken else []
     rows, _ = _run(target, _CLAIM_PASS, {"queues": text_array(queues), "free": int_array(free),
                                          "room": -1 if room is None else room, "holder": holder,
                                          "ttl": ttl, "acked": int_array(acked)})

@@ -62,6 +62,7 @@ def _rows(db_url: str) -> list[Any]:
 
 def test_a_plain_tasks_row_is_delivered_while_budget_is_left_then_parked_with_a_reason(db_url: str) -> None:
     app = _app(db_url)
+    app.conf.result_backend = f"db+{db_url}"
 
     @app.task(name="plain", max_retries=1)
     def plain() -> None: ...
@@ -85,10 +86,14 @@ def test_a_plain_tasks_row_is_delivered_while_budget_is_left_then_parked_with_a_
     assert message["headers"]["id"] == result.id
     assert "every holder died" in message["headers"][PARKED_REASON_HEADER]
     assert metrics.value("q", "dead_lettered") == before + 1
+    # As stock Celery records a task whose process died: the result is FAILURE, get() does not hang.
+    assert result.state == "FAILURE" and "every holder died" in str(result.result)
+    assert type(result.result).__name__ == "RunExhausted"
 
 
 def test_a_durable_tasks_run_is_settled_dead_by_the_claim_and_its_row_deleted(db_url: str) -> None:
     app = _app(db_url)
+    app.conf.result_backend = f"db+{db_url}"
     settled: list[Any] = []
 
     @app.durable_task(name="durable", max_retries=0, on_settled=settled.append)
@@ -106,6 +111,7 @@ def test_a_durable_tasks_run_is_settled_dead_by_the_claim_and_its_row_deleted(db
     assert run.state == "dead" and "every holder died" in (run.last_error or "")
     assert json.loads(run.args) == [7]  # requeue-able as it came
     assert [r.id for r in settled] == [result.id]
+    assert result.state == "FAILURE" and "every holder died" in str(result.result)
 
 
 def test_a_row_given_back_is_not_a_lapse_and_a_task_with_no_limit_is_never_buried(db_url: str) -> None:
@@ -303,9 +309,15 @@ def test_a_busy_claimer_leaves_out_queues_known_empty_until_a_notify_names_one_o
         conn.connect()
         backend = conn.transport.rows
         listen_fds = backend.wakeup_fds()  # the LISTEN a worker's hub opens
-        asked: list[int] = []  # queues in each claim statement
-        backend.hot.listen(lambda sql, params: asked.append(len(params["queues"].split(",")))
-                           if "durable_broker_claim_pass" in sql else None)
+        asked: list[int] = []  # queues in each claim statement (a pass over one is the one-queue claim)
+
+        def claim_statement(sql: str, params: Any) -> None:
+            if "durable_broker_claim_pass(" in sql:
+                asked.append(len(params["queues"].split(",")))
+            elif "durable_broker_claim(" in sql:
+                asked.append(1)
+
+        backend.hot.listen(claim_statement)
 
         def publish(queue: str, count: int) -> None:
             channel = producer.default_channel
