@@ -85,22 +85,24 @@ class Waker:
         else:
             self._report(failure)
 
-    def _collect(self) -> bool:
-        """Read the notifications that arrived into both readers' records; False if LISTEN broke (dropped)."""
+    def _collect(self) -> tuple[bool, bool]:
+        """Read the notifications that arrived into both readers' records: (LISTEN still open — it is
+        dropped if it broke —, any new one read)."""
         listener = self._listener
         if listener is None:
-            return True
+            return True, False
         try:
             listener.poll()
-            if listener.notifies:
-                payloads = {notify.payload for notify in listener.notifies}
-                listener.notifies.clear()
-                self._pending |= payloads
-                self._seen |= payloads
+            if not listener.notifies:
+                return True, False
+            payloads = {notify.payload for notify in listener.notifies}
+            listener.notifies.clear()
         except Exception:  # noqa: BLE001 - a broken LISTEN connection is dropped; callers claim or poll anyway
             self._drop()
-            return False
-        return True
+            return False, False
+        self._pending |= payloads
+        self._seen |= payloads
+        return True, True
 
     def clear(self) -> None:
         """Forget notifications seen so far (call just before reading the table)."""
@@ -123,7 +125,7 @@ class Waker:
 
     def take(self) -> tuple[bool, set[str]]:
         """Forget the wake-ups seen so far and say what they were: (woken by ``wake()``, the NOTIFY payloads)."""
-        listening = self._collect()
+        listening, _ = self._collect()
         payloads, self._pending = self._pending, set()
         if not listening:
             return True, payloads
@@ -139,7 +141,7 @@ class Waker:
         """Block up to ``timeout`` seconds; True if woken before it ran out."""
         self.open()
         fds: list[Any] = [self._read_fd]
-        if self._collect() and self._pending:  # a LISTEN that broke is dropped: the wait falls back to polling
+        if self._collect()[0] and self._pending:  # a LISTEN that broke is dropped: the wait falls back to polling
             return True
         listener = self._listener
         if listener is not None:
@@ -152,7 +154,12 @@ class Waker:
     def take_seen(self) -> set[str] | None:
         """The NOTIFY payloads read since the last call (reading any waiting now), or None when some may
         have been missed since then: LISTEN was not open all along (not yet, or broken and reopened)."""
-        listening = self._collect() and self._listener is not None
+        listening, read = self._collect()
+        if read:
+            # Read off the socket here, the event loop will not see them arrive: wake its reader
+            # (``take``), which would otherwise leave them to the next poll, an idle consumer waiting.
+            self.wake()
+        listening = listening and self._listener is not None
         seen, self._seen = self._seen, set()
         if not listening or self._lost:
             self._lost = not listening
