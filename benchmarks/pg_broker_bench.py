@@ -17,9 +17,9 @@ N no-op tasks pre-loaded, then one ``celery worker -P durable`` starts; tasks/s 
 task's start to the last one's end, side by side in one run: on Redis, on this broker with one
 queue, and on this broker with the work on the last of 200 queues (prefork -c 2 and threads -c 8);
 ``--rounds R`` runs every side once per round, back to back (interleaved, the load printed);
-``--pickups N`` adds a ``-P durable`` worker's idle pickup (N pings, p50 of start - send) on Redis
-and on this broker each round; the claim statements one pass over 200 queues sends are counted on
-the engine and printed. ``--workers-only`` skips the transport-alone figures.
+``--pickups N`` adds a ``-P durable`` worker's idle pickup (N pings, p50 of start - send, and of start -
+the publish's return) on Redis and on this broker each round; the claim statements one pass over 200
+queues sends are counted on the engine and printed. ``--workers-only`` skips the transport-alone figures.
 """
 
 from __future__ import annotations
@@ -190,8 +190,9 @@ def worker_throughput(broker_url: str, queues: list[str], count: int, argv: list
 
 
 def worker_pickup(broker_url: str, queue: str, argv: list[str], conf: dict[str, object], samples: int,
-                  warmup: int = 10, pause: float = 0.02) -> float:
-    """One ping at a time to an idle worker (the last one ended): p50 of task start - send, ms."""
+                  warmup: int = 10, pause: float = 0.02) -> tuple[float, float]:
+    """One ping at a time to an idle worker (the last one ended): p50 of task start - send, and of task
+    start - the publish's return (what is left once the producer's own send, a commit here, is done), ms."""
     import redis
     from celery import Celery
 
@@ -206,17 +207,20 @@ def worker_pickup(broker_url: str, queue: str, argv: list[str], conf: dict[str, 
                 if worker.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the worker did not start: see {log}")
                 time.sleep(0.1)
-            latencies = []
+            latencies, after_send = [], []
             for i in range(warmup + samples):
                 time.sleep(pause)
                 sent = time.time()
-                producer.send_task("bench.ping", args=[key, sent], queue=queue, producer=pub)
+                # bench.ping records start - its argument: with 0.0, the start time itself.
+                producer.send_task("bench.ping", args=[key, 0.0], queue=queue, producer=pub)
+                returned = time.time()
                 got = observer.blpop([key], timeout=30)
                 if got is None:
                     raise RuntimeError(f"sample {i}: the ping did not run within 30 s: see {log}")
                 if i >= warmup:
-                    latencies.append(float(got[1]) * 1000)
-            return statistics.median(latencies)
+                    latencies.append((float(got[1]) - sent) * 1000)
+                    after_send.append((float(got[1]) - returned) * 1000)
+            return statistics.median(latencies), statistics.median(after_send)
     finally:
         observer.delete(key)
         producer.close()
@@ -268,10 +272,11 @@ def workers(pg_url: str, count: int, rounds: int, pickups: int) -> None:
                   f"({pg_many / pg_rate:.2f}x one queue)")
         if pickups:
             name, argv, conf = WORKER_VARIANTS[0]
-            redis_p50 = worker_pickup(REDIS_URL, f"pgb-{tag}-redis-pick", argv, conf, pickups)
-            pg_p50 = worker_pickup(pg_url, f"pgb-{tag}-pick", argv, conf, pickups)
+            redis_p50, redis_sent = worker_pickup(REDIS_URL, f"pgb-{tag}-redis-pick", argv, conf, pickups)
+            pg_p50, pg_sent = worker_pickup(pg_url, f"pgb-{tag}-pick", argv, conf, pickups)
             print(f"{name}, idle pickup p50 ({pickups} pings): Redis {redis_p50:.2f} ms; PostgreSQL broker "
-                  f"{pg_p50:.2f} ms ({pg_p50 - redis_p50:+.2f} ms)")
+                  f"{pg_p50:.2f} ms ({pg_p50 - redis_p50:+.2f} ms); from the publish's return: Redis "
+                  f"{redis_sent:.2f} ms, PostgreSQL broker {pg_sent:.2f} ms ({pg_sent - redis_sent:+.2f} ms)")
 
 
 def main() -> None:
