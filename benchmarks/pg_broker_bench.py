@@ -16,7 +16,8 @@ PostgreSQL 127.0.0.1:5432 (``DURABLE_TEST_POSTGRES_URL``), a fresh schema per ru
 N no-op tasks pre-loaded, then one ``celery worker -P durable`` starts; tasks/s from the first
 task's start to the last one's end, side by side in one run: on Redis, on this broker with one
 queue, and on this broker with the work on the last of 200 queues (prefork -c 2 and threads -c 8);
-``--rounds R`` runs every side once per round, back to back (interleaved, the load printed);
+``--rounds R`` runs every side once per round, back to back (interleaved, each round starting with
+another side, the load printed);
 ``--pickups N`` adds a ``-P durable`` worker's idle pickup (N pings, p50 of start - send, and of start -
 the publish's return) on Redis and on this broker each round; the claim statements one pass over 200
 queues sends are counted on the engine and printed. ``--workers-only`` skips the transport-alone figures.
@@ -264,9 +265,13 @@ def workers(pg_url: str, count: int, rounds: int, pickups: int) -> None:
     for n in range(1, rounds + 1):
         print(f"-- round {n} (load average {os.getloadavg()[0]:.2f})")
         for name, argv, conf in WORKER_VARIANTS:
-            redis_rate = worker_throughput(REDIS_URL, [f"pgb-{tag}-redis"], count, argv, conf)
-            pg_rate = worker_throughput(pg_url, one, count, argv, conf)
-            pg_many = worker_throughput(pg_url, many, count, argv, conf)
+            sides = [(REDIS_URL, [f"pgb-{tag}-redis"]), (pg_url, one), (pg_url, many)]
+            # Each round starts with another side: none always runs first (a cold machine) or right
+            # after the same neighbour (the 200-queue side after the rows the one-queue side deleted).
+            turn = (n - 1) % len(sides)
+            rates = {id(queues): worker_throughput(url, queues, count, argv, conf)
+                     for url, queues in sides[turn:] + sides[:turn]}
+            redis_rate, pg_rate, pg_many = (rates[id(queues)] for _, queues in sides)
             print(f"{name}, {count} no-ops: Redis {redis_rate:,.0f}/s; PostgreSQL broker {pg_rate:,.0f}/s "
                   f"({pg_rate / redis_rate:.2f}x Redis); work on the last of 200 queues {pg_many:,.0f}/s "
                   f"({pg_many / pg_rate:.2f}x one queue)")
