@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -144,9 +145,16 @@ def test_a_row_whose_holders_all_died_is_parked_by_a_real_workers_claim_never_ru
     worker = s.worker(pool=pool, concurrency=2, queues=["a"], conf={"durable_lease_ttl": TTL}).wait_ready()
     wait_for(lambda: s.labelled("end", "fine"), timeout=30, what="the other task to run")
     wait_for(lambda: "durable.broker.dead" in worker.log(), timeout=20, what="the burial to be logged")
-    with engine.connect() as conn:
-        parked = conn.execute(sa.text("SELECT queue, payload FROM durable_broker_messages")).all()
-    assert [r.queue for r in parked] == [queue + ".durable.parked"]
+
+    def rows_left() -> list[Any]:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.text("SELECT queue, payload FROM durable_broker_messages")).all())
+
+    # The other task's ack is batched: its row goes with the worker's next statement (a pass, the
+    # heartbeat), a moment after the task ended.
+    wait_for(lambda: [r.queue for r in rows_left()] == [queue + ".durable.parked"], timeout=10,
+             what="only the parked row left (the other task's row acked)")
+    parked = rows_left()
     assert task_id in parked[0].payload and "x-durable-parked-reason" in parked[0].payload
     assert not s.labelled("start", "doomed"), "a row whose holders all died was handed out as work"
     assert worker.terminate() == 0
