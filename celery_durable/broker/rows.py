@@ -142,13 +142,14 @@ def claim(target: Target, queue: str, limit: int, holder: str, ttl: float,
     ``acked``: rows ``holder`` acked since its last statement, deleted by the same statement (one round
     trip for an idle consumer's pickup, not a DELETE and then the claim).
     """
+    return _claim_one_queue(target, queue, limit, holder, ttl, acked)[0]
+
+
+def _claim_one_queue(target: Target, queue: str, limit: int, holder: str, ttl: float,
+                     acked: Sequence[int]) -> tuple[list[Claimed], int]:
+    """The one-queue claim: its readable rows in its order as Claimed (the rest parked), and how many it took."""
     rows, _ = _run(target, _CLAIM, {"queue": queue, "limit": limit, "holder": holder, "ttl": ttl,
                                     "acked": int_array(acked)})
-    return _claimed(target, rows)[0]
-
-
-def _claimed(target: Target, rows: list[tuple[Any, ...]]) -> tuple[list[Claimed], int]:
-    """The one-queue claim's rows in its order, readable ones as Claimed (the rest parked); and how many it took."""
     # RETURNING follows no order: the claim's order is put back here.
     rows.sort(key=lambda row: (-row[2], row[0]))
     claimed: list[Claimed] = []
@@ -194,9 +195,7 @@ def claim_pass(target: Target, queues: Sequence[str], free: Sequence[int], room:
         # One queue (a busy worker's pass leaves out the queues it knows are empty, so this is the
         # common pass): its one ask is the one-queue claim, whose function is a single statement —
         # 114 us in isolation against the pass function's ~300 (PL/pgSQL's loop and arrays).
-        claimed, taken = _claimed(target, _run(target, _CLAIM, {"queue": queues[0], "limit": asked,
-                                                                  "holder": holder, "ttl": ttl,
-                                                                  "acked": int_array(acked)})[0])
+        claimed, taken = _claim_one_queue(target, queues[0], asked, holder, ttl, acked)
         return [PassAsk(queues[0], asked, taken, claimed)] if taken else []
     rows, _ = _run(target, _CLAIM_PASS, {"queues": text_array(queues), "free": int_array(free),
                                          "room": -1 if room is None else room, "holder": holder,

@@ -112,25 +112,27 @@ def skip_to(sweep: Sweep, queue: str) -> Sweep:
     and the replay skips to each. Raises InvariantBroken if ``queue`` is not
     ahead in this round or the next.
     """
+    to_ask, again, place = _place_of(sweep, queue)
+    return replace(sweep, to_ask=to_ask[place:], again=again)
+
+
+def _place_of(sweep: Sweep, queue: str) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+    """(to ask, again, index of ``queue`` in to ask) once ``queue``'s round is the current one."""
     to_ask, again = sweep.to_ask, sweep.again
     try:
-        place = to_ask.index(queue)
+        return to_ask, again, to_ask.index(queue)
     except ValueError:
         if queue not in again:
             raise InvariantBroken(f"queue {queue!r} has no ask left in the pass (to ask {list(to_ask)!r}, "
                                   f"again {list(again)!r})") from None
-        to_ask, again = again, ()
-        place = to_ask.index(queue)
-    return replace(sweep, to_ask=to_ask[place:], again=again)
+        return again, (), again.index(queue)
 
 
 def passed_over(sweep: Sweep, queue: str) -> tuple[str, ...]:
     """The queues ``skip_to(sweep, queue)`` passes over that had a free slot: asked, and they gave nothing."""
-    to_ask, again = sweep.to_ask, sweep.again
-    if queue in to_ask:
-        ahead = to_ask[:to_ask.index(queue)]
-    else:
-        ahead = to_ask + again[:again.index(queue)] if queue in again else to_ask + again
+    to_ask, again, place = _place_of(sweep, queue)
+    # ``again`` emptied: ``queue`` is in the next round, and the whole of this one was passed over too.
+    ahead = to_ask[:place] if again == sweep.again else sweep.to_ask + to_ask[:place]
     return tuple(q for q in ahead if sweep.free[q] > 0)
 
 
