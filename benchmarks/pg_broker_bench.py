@@ -242,6 +242,17 @@ def vacuum(db_url: str) -> None:
         engine.dispose()
 
 
+def dead_rows(db_url: str) -> int:
+    """The broker table's dead row versions as PostgreSQL's statistics last heard (about a second behind)."""
+    engine = sa.create_engine(db_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            return int(conn.exec_driver_sql(
+                "SELECT coalesce(pg_stat_get_dead_tuples(to_regclass('durable_broker_messages')), 0)").scalar() or 0)
+    finally:
+        engine.dispose()
+
+
 def statements_per_pass(db_url: str, queues: list[str]) -> int:
     """SQL statements one ``-P durable`` claim pass over ``queues`` (work on the last) sends, counted."""
     from celery_durable.broker.backend import PgRows
@@ -270,7 +281,8 @@ def statements_per_pass(db_url: str, queues: list[str]) -> int:
     return len(seen)
 
 
-def workers(pg_url: str, count: int, rounds: int, pickups: int) -> None:
+def workers(pg_url: str, count: int, rounds: int, pickups: int, untouched: bool = False,
+            worker_vacuum: int | None = None) -> None:
     """Each round runs every side once, back to back (Redis, this broker, this broker on 200 queues)."""
     tag = uuid.uuid4().hex[:6]
     one = [f"pgb-{tag}-one"]
@@ -280,19 +292,22 @@ def workers(pg_url: str, count: int, rounds: int, pickups: int) -> None:
     for n in range(1, rounds + 1):
         print(f"-- round {n} (load average {os.getloadavg()[0]:.2f})")
         for name, argv, conf in WORKER_VARIANTS:
+            if worker_vacuum is not None:
+                conf = {**conf, "durable_broker_vacuum_dead_rows": worker_vacuum}
             sides = [(REDIS_URL, [f"pgb-{tag}-redis"]), (pg_url, one), (pg_url, many)]
             # Each round starts with another side: none always runs first (a cold machine) or right
             # after the same neighbour (the 200-queue side after the rows the one-queue side deleted).
             turn = (n - 1) % len(sides)
             rates = {}
             for url, queues in sides[turn:] + sides[:turn]:
-                if url == pg_url:
+                if url == pg_url and not untouched:
                     vacuum(pg_url.removeprefix("durable+"))
                 rates[id(queues)] = worker_throughput(url, queues, count, argv, conf)
             redis_rate, pg_rate, pg_many = (rates[id(queues)] for _, queues in sides)
             print(f"{name}, {count} no-ops: Redis {redis_rate:,.0f}/s; PostgreSQL broker {pg_rate:,.0f}/s "
                   f"({pg_rate / redis_rate:.2f}x Redis); work on the last of 200 queues {pg_many:,.0f}/s "
-                  f"({pg_many / pg_rate:.2f}x one queue)")
+                  f"({pg_many / pg_rate:.2f}x one queue); the table's dead rows now "
+                  f"{dead_rows(pg_url.removeprefix('durable+')):,}")
         if pickups:
             name, argv, conf = WORKER_VARIANTS[0]
             redis_p50, redis_sent = worker_pickup(REDIS_URL, f"pgb-{tag}-redis-pick", argv, conf, pickups)
@@ -314,6 +329,10 @@ def main() -> None:
     parser.add_argument("--pickups", type=int, default=0, metavar="N",
                         help="also a -P durable worker's idle pickup, N pings, on Redis and on this broker")
     parser.add_argument("--workers-only", action="store_true", help="skip the transport-alone figures")
+    parser.add_argument("--untouched", action="store_true",
+                        help="no VACUUM of the broker's table before each side: the workers' own vacuum alone")
+    parser.add_argument("--worker-vacuum", type=int, default=None, metavar="DEAD_ROWS",
+                        help="the workers' durable_broker_vacuum_dead_rows (0: none; default: the setting's)")
     args = parser.parse_args()
 
     register()
@@ -326,7 +345,7 @@ def main() -> None:
     try:
         ensure_schema(db)
         if args.workers_only:
-            workers(url, args.workers, args.rounds, args.pickups)
+            workers(url, args.workers, args.rounds, args.pickups, args.untouched, args.worker_vacuum)
             return
         with Connection(url) as conn:
             published = batch_publish(conn, args.messages, args.batch)
@@ -339,7 +358,7 @@ def main() -> None:
         print(f"idle pickup, publish -> delivery ({args.latency} samples, LISTEN/NOTIFY): "
               f"p50 {p50:.2f} ms, p99 {p99:.2f} ms")
         if args.workers:
-            workers(url, args.workers, args.rounds, args.pickups)
+            workers(url, args.workers, args.rounds, args.pickups, args.untouched, args.worker_vacuum)
     finally:
         dispose_all()
         with admin.connect() as c:

@@ -24,6 +24,8 @@ EXECUTION_MODES = ("prefork", "threads")
 
 #: Seconds a run lease lives past its last heartbeat, unless ``durable_lease_ttl`` says otherwise.
 DEFAULT_LEASE_TTL = 30.0
+#: ``durable_broker_vacuum_dead_rows``: dead row versions that make a claiming worker VACUUM the broker's table.
+DEFAULT_VACUUM_DEAD_ROWS = 1_000
 #: ``durable_metrics_port``: one port, or the first and last of a range the worker takes the first free one of.
 MetricsPort = int | tuple[int, int]
 
@@ -93,6 +95,9 @@ class DurableConfig:
     #: ``celery durable dashboard``: the token its requeue and cancel buttons ask for; None: the page is
     #: read-only. Out of the repr, like the database URL.
     dashboard_token: str | None = field(default=None, repr=False)
+    #: ``durable+postgresql://`` broker: dead row versions (claims and acks leave them) that make a claiming
+    #: worker VACUUM the broker's table; 0 leaves them to autovacuum (``broker/vacuum.py``).
+    broker_vacuum_dead_rows: int = DEFAULT_VACUUM_DEAD_ROWS
 
     def __post_init__(self) -> None:
         if self.max_in_flight is not None:
@@ -139,6 +144,7 @@ class DurableConfig:
         positive_seconds("durable_run_retention", self.run_retention, allow_zero=True)
         positive_seconds("durable_beat_lease_ttl", self.beat_lease_ttl)
         whole_number("durable_beat_max_catch_up", self.beat_max_catch_up)
+        whole_number("durable_broker_vacuum_dead_rows", self.broker_vacuum_dead_rows, allow_zero=True)
         if self.beat_name is not None and (not isinstance(self.beat_name, str) or not self.beat_name
                                            or len(self.beat_name) > 200):
             raise ConfigInvalid("durable_beat_name", f"must be a name of 1 to 200 characters, got {self.beat_name!r}")
@@ -176,12 +182,13 @@ LARGEST_LIMIT = 2**63 - 1
 LONGEST_POLL = 3600.0
 
 
-def whole_number(setting: str, value: Any, *, at_most: int | None = None) -> int:
+def whole_number(setting: str, value: Any, *, at_most: int | None = None, allow_zero: bool = False) -> int:
+    least = 0 if allow_zero else 1
     # bool is an int subclass: True would silently mean 1.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigInvalid(setting, f"must be a whole number >= 1, got {value!r}")
-    if value < 1:
-        raise ConfigInvalid(setting, f"must be a whole number >= 1, got {value!r}")
+        raise ConfigInvalid(setting, f"must be a whole number >= {least}, got {value!r}")
+    if value < least:
+        raise ConfigInvalid(setting, f"must be a whole number >= {least}, got {value!r}")
     if at_most is not None and value > at_most:
         raise ConfigInvalid(setting, f"must be a whole number <= {at_most}, got {value!r}")
     return value

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from celery_durable.broker import in_transaction, rows
+from celery_durable.broker import in_transaction, rows, vacuum
 from celery_durable.broker.claim_connection import ClaimConnection
 from celery_durable.broker.dead_letters import PARK, Burial
 from celery_durable.broker.leases import Heartbeat, RowLeaseKeeper
@@ -30,7 +30,8 @@ class PgRows:
     """
 
     def __init__(self, url: str, lease_ttl: float,
-                 bury: Callable[[str, dict[str, Any], int], Burial | None] | None = None) -> None:
+                 bury: Callable[[str, dict[str, Any], int], Burial | None] | None = None,
+                 vacuum_dead_rows: int = vacuum.DEFAULT_VACUUM_DEAD_ROWS) -> None:
         self.url = url
         #: Decides what a claim does with a row whose holders died (``dead_letters.bury``); None: deliver it.
         self._bury = bury
@@ -44,6 +45,9 @@ class PgRows:
         self.hot = ClaimConnection(self.lazy)
         self._acked: list[int] = []
         self._keeper = RowLeaseKeeper(self.renew, lease_ttl)
+        #: Dead rows that make this process VACUUM the table once it claims (0: autovacuum alone).
+        self._vacuum_dead_rows = vacuum_dead_rows
+        self._vacuum: vacuum.TableVacuum | None = None
         self._waker: Waker | None = None
         self._lock = threading.Lock()
 
@@ -65,7 +69,7 @@ class PgRows:
             self._return_acks(acked)
             raise
         if taken:
-            self._keeper.start()
+            self._holding()
         return [_delivered(row) for row in self._live(taken)]
 
     def claim_pass(self, queues: Sequence[str], free: Sequence[int],
@@ -78,9 +82,16 @@ class PgRows:
             self._return_acks(acked)
             raise
         if asks:
-            self._keeper.start()
+            self._holding()
         return [(ask.queue, ask.count, ask.taken, [_delivered(row) for row in self._live(ask.claimed)])
                 for ask in asks]
+
+    def _holding(self) -> None:
+        """This connection holds rows: their heartbeat runs, and the process's VACUUM of the dead rows claims leave."""
+        self._keeper.start()
+        if self._vacuum is None and os.getpid() == self._pid:
+            self._vacuum = vacuum.for_process(self.engine, self._vacuum_dead_rows)
+            self._vacuum.join()
 
     def _live(self, taken: list[rows.Claimed]) -> list[rows.Claimed]:
         """The claimed rows to hand out: a row whose dead holders spent its task's budget is buried here,
@@ -182,6 +193,9 @@ class PgRows:
 
     def close(self) -> None:
         self._keeper.stop()
+        if self._vacuum is not None:
+            self._vacuum.leave()
+            self._vacuum = None
         try:
             self.flush_acks()
         finally:

@@ -6,15 +6,17 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from celery_durable.broker import dead_letters
+from celery_durable.broker import dead_letters, vacuum
 from celery_durable.broker.backend import PgRows
 from celery_durable.compat.virtual_rows import RowChannel, RowTransport
-from celery_durable.config import DEFAULT_LEASE_TTL, positive_seconds
+from celery_durable.config import DEFAULT_LEASE_TTL, positive_seconds, whole_number
 from celery_durable.errors import ConfigInvalid, StoreUnavailable
 from celery_durable.store.unreachable import CONNECTION_ERRORS
 
 #: The transport option (``broker_transport_options``) naming the lease TTL; else the app's setting.
 LEASE_TTL_OPTION = "durable_lease_ttl"
+#: The setting (or transport option) of the dead rows that make a claiming worker VACUUM the table.
+VACUUM_SETTING = "durable_broker_vacuum_dead_rows"
 
 
 class Channel(RowChannel):
@@ -38,8 +40,10 @@ class Transport(RowTransport):
         if backend != "postgresql":
             raise ConfigInvalid("broker_url", f"durable+ needs a postgresql:// database URL, got {backend}://")
         app = _current_app()
-        return PgRows(url, lease_ttl(getattr(self.client, "transport_options", None)),
-                      bury=lambda queue, payload, lapses: dead_letters.bury(app, queue, payload, lapses))
+        options = getattr(self.client, "transport_options", None)
+        return PgRows(url, lease_ttl(options),
+                      bury=lambda queue, payload, lapses: dead_letters.bury(app, queue, payload, lapses),
+                      vacuum_dead_rows=vacuum_dead_rows(options))
 
 
 def _current_app() -> Any:
@@ -66,3 +70,15 @@ def lease_ttl(options: Any) -> float:
 
         value = current_app.conf.get("durable_lease_ttl")
     return DEFAULT_LEASE_TTL if value is None else positive_seconds("durable_lease_ttl", value)
+
+
+def vacuum_dead_rows(options: Any) -> int:
+    """``durable_broker_vacuum_dead_rows``: the transport option, else the current app's setting (0: never)."""
+    value = options.get(VACUUM_SETTING) if options else None
+    if value is None:
+        from celery import current_app
+
+        value = current_app.conf.get(VACUUM_SETTING)
+    if value is None:
+        return vacuum.DEFAULT_VACUUM_DEAD_ROWS
+    return whole_number(VACUUM_SETTING, value, allow_zero=True)

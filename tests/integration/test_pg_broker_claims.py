@@ -438,3 +438,51 @@ def test_the_listen_connection_tells_the_claimer_and_the_wake_up_each_what_was_n
         assert waker.take_seen() == {"d"}
     finally:
         waker.close()
+
+
+def _dead_rows(db_url: str) -> int:
+    with ensure_schema(db_url).connect() as c:
+        return int(c.exec_driver_sql(
+            "SELECT coalesce(pg_stat_get_dead_tuples(to_regclass('durable_broker_messages')), 0)").scalar() or 0)
+
+
+def test_a_claiming_worker_vacuums_the_dead_rows_its_claims_and_acks_leave_and_stops_when_it_closes(
+        db_url: str) -> None:
+    from celery_durable.broker import vacuum
+
+    engine = ensure_schema(db_url)
+    live = PgRows(db_url, lease_ttl=30, vacuum_dead_rows=500)
+    table_vacuum = vacuum.for_process(live.engine, 500)
+    try:
+        with engine.begin() as c:
+            rows.insert(c, [rows.Outgoing("v", {"properties": {}, "body": str(n)}) for n in range(600)])
+        taken = live.claim("v", 600)
+        assert len(taken) == 600
+        assert table_vacuum.checking  # the first claim started this process's checks
+        for payload in taken:
+            live.ack(payload["properties"]["delivery_tag"])
+        live.flush_acks()  # 600 claims and 600 deletes: 1,200 dead row versions
+        # A busy backend reports them about once a second, an idle one within 10 s: this one reports now.
+        live.hot.execute("SELECT pg_stat_force_next_flush()", {})
+        deadline = time.monotonic() + 30
+        while table_vacuum.vacuums == 0:
+            assert time.monotonic() < deadline, f"no VACUUM came; dead rows: {_dead_rows(db_url)}"
+            time.sleep(0.1)
+        assert _dead_rows(db_url) < 500
+    finally:
+        live.close()
+    assert not table_vacuum.checking  # the last holder closed: no thread looks at a store that may be gone
+
+
+def test_a_threshold_of_zero_leaves_the_table_to_autovacuum(db_url: str) -> None:
+    from celery_durable.broker import vacuum
+
+    engine = ensure_schema(db_url)
+    live = PgRows(db_url, lease_ttl=30, vacuum_dead_rows=0)
+    try:
+        with engine.begin() as c:
+            rows.insert(c, [rows.Outgoing("z", {"properties": {}, "body": "x"})])
+        assert len(live.claim("z", 1)) == 1
+        assert not vacuum.for_process(live.engine, 0).checking
+    finally:
+        live.close()

@@ -541,3 +541,15 @@ def test_a_dashboard_token_that_is_no_secret_is_refused_without_echoing_it(token
 def test_a_dashboard_token_is_kept_and_left_out_of_the_repr():
     config = from_celery_conf({"durable_dashboard_token": "a-long-enough-token"})
     assert config.dashboard_token == "a-long-enough-token" and "a-long-enough-token" not in repr(config)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "10000", True, None])
+def test_the_broker_vacuum_threshold_must_be_a_whole_number_of_dead_rows(value):
+    if value is None:
+        assert from_celery_conf({}).broker_vacuum_dead_rows == 1_000  # unset: the default
+        return
+    assert_names(refused({"durable_broker_vacuum_dead_rows": value}), "durable_broker_vacuum_dead_rows")
+
+
+def test_a_broker_vacuum_threshold_of_zero_leaves_the_table_to_autovacuum():
+    assert from_celery_conf({"durable_broker_vacuum_dead_rows": 0}).broker_vacuum_dead_rows == 0
