@@ -12,7 +12,7 @@ from weakref import WeakKeyDictionary, WeakSet
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
-from celery_durable.broker import rows
+from celery_durable.broker import rows, sqlite_rows
 from celery_durable.errors import OutboxDatabaseMismatch, TransactionEnded
 from celery_durable.store.engine import database_identity
 from celery_durable.store.urls import shown_url
@@ -49,7 +49,7 @@ class Binding:
         if not conn.in_transaction():
             # Committed inside the block: the insert begins the connection's next transaction, as any
             # statement of the caller's would, and is sent when that one commits.
-            rows.insert(conn, messages)
+            insert(conn, messages)
             return
         buffered = _pending.get(conn)
         if buffered is None:
@@ -68,7 +68,15 @@ def flush(conn: Connection) -> None:
     """Insert the rows buffered for ``conn`` now, in one statement of its transaction."""
     buffered = _pending.pop(conn, None)
     if buffered:
-        rows.insert(conn, buffered)
+        insert(conn, buffered)
+
+
+def insert(conn: Connection, messages: Sequence[rows.Outgoing]) -> None:
+    """Insert ``messages`` in ``conn``'s transaction, in its database's statement."""
+    if conn.dialect.name == "sqlite":
+        sqlite_rows.insert(conn, messages)
+    else:
+        rows.insert(conn, messages)
 
 
 def _hook(conn: Connection) -> None:

@@ -155,10 +155,10 @@ def _claim_one_queue(target: Target, queue: str, limit: int, holder: str, ttl: f
     claimed: list[Claimed] = []
     poison: list[int] = []
     for row_id, row_queue, priority, text, delivery_count, lapses in rows:
-        payload = _decoded(text)
+        payload = decoded(text)
         if payload is None:
             poison.append(row_id)
-            _log_parked(row_id, row_queue)
+            log_parked(row_id, row_queue)
         else:
             claimed.append(Claimed(row_id, row_queue, priority, payload, delivery_count, lapses))
     if poison:
@@ -208,11 +208,11 @@ def claim_pass(target: Target, queues: Sequence[str], free: Sequence[int], room:
         if not asks or len(asks) < ask_number:
             asks.append(PassAsk(row_queue, asked, 0, []))
         ask = asks[-1]
-        payload = _decoded(text)
+        payload = decoded(text)
         asks[-1] = PassAsk(ask.queue, ask.count, ask.taken + 1, ask.claimed)
         if payload is None:
             poison.append(row_id)
-            _log_parked(row_id, row_queue)
+            log_parked(row_id, row_queue)
         else:
             ask.claimed.append(Claimed(row_id, row_queue, priority, payload, delivery_count, lapses))
     if poison:
@@ -220,13 +220,13 @@ def claim_pass(target: Target, queues: Sequence[str], free: Sequence[int], room:
     return asks
 
 
-def _log_parked(row_id: int, queue: str) -> None:
+def log_parked(row_id: int, queue: str) -> None:
     logger.error("durable.broker.parked: row %s of queue %s is not a kombu message; moved to %s",
                  row_id, queue, queue + PARKED_SUFFIX,
                  extra={"event": "durable.broker.parked", "queue": queue, "row": row_id})
 
 
-def _decoded(text: str) -> dict[str, Any] | None:
+def decoded(text: str) -> dict[str, Any] | None:
     """The kombu message a row holds, or None for one that is not (a row written by hand, a bad body)."""
     try:
         payload = json.loads(text)

@@ -1,4 +1,5 @@
-"""The kombu transport ``durable+postgresql://…``: kombu's virtual transport over ``durable_broker_messages``."""
+"""The kombu transport ``durable+postgresql://…`` and ``durable+sqlite:///…``: kombu's virtual transport over
+``durable_broker_messages``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sqlalchemy as sa
 
 from celery_durable.broker import dead_letters, vacuum
 from celery_durable.broker.backend import PgRows
+from celery_durable.broker.sqlite_backend import SQLITE_POLLING_INTERVAL, SqliteRows
 from celery_durable.compat.virtual_rows import RowChannel, RowTransport
 from celery_durable.config import DEFAULT_LEASE_TTL, positive_seconds, whole_number
 from celery_durable.errors import ConfigInvalid, StoreUnavailable
@@ -34,16 +36,32 @@ class Transport(RowTransport):
     connection_errors = (*RowTransport.connection_errors, *CONNECTION_ERRORS, StoreUnavailable)
     channel_errors = (*RowTransport.channel_errors, sa.exc.DBAPIError)  # type: ignore[assignment]
 
-    def open_rows(self) -> PgRows:
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        options = getattr(client, "transport_options", None) or {}
+        if options.get("polling_interval") is None and _backend(database_url(client)) == "sqlite":
+            # No NOTIFY on SQLite: the poll is how an idle consumer hears of another process's rows.
+            self.polling_interval = SQLITE_POLLING_INTERVAL
+
+    def open_rows(self) -> PgRows | SqliteRows:
         url = database_url(self.client)
-        backend = sa.engine.make_url(url).get_backend_name()
-        if backend != "postgresql":
-            raise ConfigInvalid("broker_url", f"durable+ needs a postgresql:// database URL, got {backend}://")
+        backend = _backend(url)
+        if backend not in ("postgresql", "sqlite"):
+            raise ConfigInvalid("broker_url", f"durable+ needs a postgresql:// or sqlite:/// database URL, "
+                                f"got {backend}://")
         app = _current_app()
         options = getattr(self.client, "transport_options", None)
-        return PgRows(url, lease_ttl(options),
-                      bury=lambda queue, payload, lapses: dead_letters.bury(app, queue, payload, lapses),
-                      vacuum_dead_rows=vacuum_dead_rows(options))
+
+        def bury(queue: str, payload: dict[str, Any], lapses: int) -> dead_letters.Burial | None:
+            return dead_letters.bury(app, queue, payload, lapses)
+
+        if backend == "sqlite":
+            return SqliteRows(url, lease_ttl(options), bury=bury)
+        return PgRows(url, lease_ttl(options), bury=bury, vacuum_dead_rows=vacuum_dead_rows(options))
+
+
+def _backend(url: str) -> str:
+    return sa.engine.make_url(url).get_backend_name()
 
 
 def _current_app() -> Any:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from celery import Celery, signals
+from celery._state import _set_task_join_will_block, task_join_will_block
 from celery.concurrency.solo import TaskPool as SoloPool
 from celery.concurrency.thread import TaskPool as ThreadPool
 from celery.worker import WorkController
@@ -28,9 +29,13 @@ def app() -> Iterator[Celery]:
     app = Celery("compat-controller", broker="memory://", set_as_current=False)
     # Only the test's own worker_init receiver: celery_durable's would wire (or refuse) this worker itself.
     signals.worker_init.disconnect(dispatch_uid=WORKER_INIT_UID)
+    # Building a worker's pool marks the whole process as a worker's (result.get() refused in it): a later
+    # test in this process that runs tasks eagerly and waits on them must not inherit that.
+    joins_blocked = task_join_will_block()
     try:
         yield app
     finally:
+        _set_task_join_will_block(joins_blocked)
         signals.worker_init.connect(boot._wire_durable_worker, weak=False, dispatch_uid=WORKER_INIT_UID)
         app.close()
 
