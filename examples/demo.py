@@ -114,7 +114,8 @@ def main() -> int:
         values = [r.get(timeout=RESULT_TIMEOUT) for r in results]
         elapsed = time.monotonic() - began
         kept_id, dropped_id = enqueue_orders()
-        # The worker's outbox relay publishes the committed row; the rolled-back one never existed.
+        # On the embedded default the committed message is a row of the order's own transaction (elsewhere
+        # the worker's outbox relay publishes the committed outbox row); the rolled-back one never existed.
         fulfilled = app.AsyncResult(kept_id).get(timeout=RESULT_TIMEOUT)
         dropped_state = app.AsyncResult(dropped_id).state
         print(f"beat:    celery -A examples.proj beat -S celery_durable.Scheduler  (log: {beat_log})")

@@ -1,11 +1,12 @@
 """A small real app on three queues; runs on the embedded default or on servers named in the environment.
 
-    DURABLE_BROKER_URL   broker (default: an SQLite file here, no server needed)
+    DURABLE_STORE_URL    durable store: runs, steps, the outbox, and the demo's orders table
+                         (default: an SQLite file here), e.g. postgresql+psycopg2://postgres@127.0.0.1/test
+    DURABLE_BROKER_URL   broker (default: the broker that claims rows on the store's own database,
+                         durable+<store URL>: no server needed on SQLite)
                          e.g. redis://127.0.0.1:6379/0 or amqp://guest:guest@127.0.0.1:5672//
     DURABLE_RESULT_URL   result backend (default: an SQLite file here)
                          e.g. db+postgresql://postgres@127.0.0.1/test
-    DURABLE_STORE_URL    durable store: runs, steps, the outbox, and the demo's orders table
-                         (default: an SQLite file here), e.g. postgresql+psycopg2://postgres@127.0.0.1/test
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ from celery import Celery
 import celery_durable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+STORE_URL = os.environ.get("DURABLE_STORE_URL", f"sqlite:///{HERE}/durable-store.sqlite")
 
 app = Celery(
     "proj",
-    broker=os.environ.get("DURABLE_BROKER_URL", f"sqla+sqlite:///{HERE}/durable-broker.sqlite"),
+    # The embedded default: messages are rows of the store's own file, claimed under leases (a killed
+    # worker's tasks are taken over one lease later), and a task sent with outbox.enqueue is a row of
+    # the caller's transaction.
+    broker=os.environ.get("DURABLE_BROKER_URL", f"durable+{STORE_URL}"),
     backend=os.environ.get("DURABLE_RESULT_URL", f"db+sqlite:///{HERE}/durable-results.sqlite"),
 )
 celery_durable.install(app)
@@ -34,7 +39,7 @@ app.conf.update(
     task_acks_late=True,
     durable_max_in_flight=4,
     durable_queue_concurrency={"reports": 1},
-    durable_database_url=os.environ.get("DURABLE_STORE_URL", f"sqlite:///{HERE}/durable-store.sqlite"),
+    durable_database_url=STORE_URL,
     # Run by `celery -A examples.proj beat -S celery_durable.Scheduler` on one host or several:
     # one replica leads, each tick is sent once, ticks missed while every replica was down follow
     # the entry's durable_catch_up ("skip" unless told).

@@ -140,12 +140,13 @@ def durable_store(tmp_path: Path) -> DurableStore:
 
 @pytest.fixture(scope="session")
 def durable_embedded_broker_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The embedded default broker (kombu's SQLAlchemy transport on an SQLite file) for the test session.
+    """The embedded default broker (``durable+sqlite:///``: rows claimed under leases, on an SQLite file) for
+    the test session.
 
     One per session: an app's producer pool keeps the broker it first connected
     to, so the broker stays the same across tests.
     """
-    return f"sqla+sqlite:///{tmp_path_factory.mktemp('durable-broker') / 'broker.sqlite'}"
+    return f"durable+sqlite:///{tmp_path_factory.mktemp('durable-broker') / 'broker.sqlite'}"
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
-"""Real ``celery worker`` processes on the PostgreSQL broker (``durable+postgresql://``): a stock prefork worker
-and a ``-P durable`` worker run tasks, and a SIGKILLed worker's ``acks_late`` task runs on a second worker
-about one lease TTL later (the lease lapses; no restart, no broker timer)."""
+"""Real ``celery worker`` processes on the broker that claims rows, on PostgreSQL (``durable+postgresql://``) and
+on SQLite (``durable+sqlite:///``): a stock prefork worker and a ``-P durable`` worker run tasks, and a
+SIGKILLed worker's ``acks_late`` task runs on a second worker about one lease TTL later (the lease lapses; no
+restart, no broker timer)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ from tests.stores import fresh_store
 TTL = 3.0
 
 
-@pytest.fixture
-def pg_scenario(tmp_path: Path) -> Iterator[Scenario]:
-    """A scenario whose broker (and durable store) is a fresh PostgreSQL schema, queues ``a``, ``b``, ``c``."""
+@pytest.fixture(params=["postgresql", "sqlite"])
+def row_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Scenario]:
+    """A scenario whose broker (and durable store) is a fresh PostgreSQL schema or SQLite file, queues ``a``,
+    ``b``, ``c``."""
     register()  # the producer's own process resolves durable+ too
-    with fresh_store("postgresql", tmp_path) as url:
+    with fresh_store(request.param, tmp_path) as url:
         s = Scenario("durable", f"durable+{url}", ["a", "b", "c"])
         try:
             yield s
@@ -33,8 +35,8 @@ def pg_scenario(tmp_path: Path) -> Iterator[Scenario]:
             s.cleanup()
 
 
-def test_a_stock_prefork_worker_and_a_durable_worker_run_their_tasks(pg_scenario: Scenario) -> None:
-    s = pg_scenario
+def test_a_stock_prefork_worker_and_a_durable_worker_run_their_tasks(row_broker: Scenario) -> None:
+    s = row_broker
     settings = {"durable_lease_ttl": TTL}
     stock = s.worker(pool="prefork", concurrency=2, queues=["a"], conf=settings).wait_ready()
     durable = s.worker(pool="durable", concurrency=2, queues=["b"], conf=settings).wait_ready()
@@ -51,9 +53,9 @@ def test_a_stock_prefork_worker_and_a_durable_worker_run_their_tasks(pg_scenario
 
 
 @pytest.mark.parametrize("pool", ["prefork", "threads", "durable"])
-def test_a_sigkilled_workers_acks_late_task_runs_on_another_within_a_lease_ttl(pg_scenario: Scenario,
+def test_a_sigkilled_workers_acks_late_task_runs_on_another_within_a_lease_ttl(row_broker: Scenario,
                                                                                 pool: str) -> None:
-    s = pg_scenario
+    s = row_broker
     settings = {"durable_lease_ttl": TTL, "task_acks_late": True}
     victim = s.worker(pool=pool, concurrency=1, queues=["a"], conf=settings).wait_ready()
     task_id = s.send_waiting("a", "held")
@@ -75,8 +77,8 @@ def test_a_sigkilled_workers_acks_late_task_runs_on_another_within_a_lease_ttl(p
     assert survivor.terminate() == 0
 
 
-def test_three_backlogged_queues_at_cap_one_run_in_strict_turns_on_a_durable_worker(pg_scenario: Scenario) -> None:
-    s = pg_scenario
+def test_three_backlogged_queues_at_cap_one_run_in_strict_turns_on_a_durable_worker(row_broker: Scenario) -> None:
+    s = row_broker
     for i in range(6):
         for name in ("a", "b", "c"):
             s.send(name, f"{name}{i}")
@@ -103,8 +105,8 @@ def test_three_backlogged_queues_among_fifty_run_in_strict_turns_at_cap_one(tmp_
 
 
 @pytest.mark.parametrize("pool", ["durable", "prefork"])
-def test_a_countdown_task_is_not_claimed_before_its_time_and_runs_after(pg_scenario: Scenario, pool: str) -> None:
-    s = pg_scenario
+def test_a_countdown_task_is_not_claimed_before_its_time_and_runs_after(row_broker: Scenario, pool: str) -> None:
+    s = row_broker
     worker = s.worker(pool=pool, concurrency=2, queues=["a"], conf={"durable_lease_ttl": TTL}).wait_ready()
     engine = ensure_schema(s.broker_url.removeprefix("durable+"))
     sent = time.time()
@@ -125,19 +127,20 @@ def test_a_countdown_task_is_not_claimed_before_its_time_and_runs_after(pg_scena
 
 
 @pytest.mark.parametrize("pool", ["durable", "prefork"])
-def test_a_row_whose_holders_all_died_is_parked_by_a_real_workers_claim_never_run(pg_scenario: Scenario,
+def test_a_row_whose_holders_all_died_is_parked_by_a_real_workers_claim_never_run(row_broker: Scenario,
                                                                                   pool: str) -> None:
-    from celery_durable.broker import rows
+    from celery_durable.broker import rows, sqlite_rows
 
-    s = pg_scenario
+    s = row_broker
     engine = ensure_schema(s.broker_url.removeprefix("durable+"))
+    claim = sqlite_rows.claim if engine.dialect.name == "sqlite" else rows.claim
     queue = s.by_name["a"]
     task_id = s.send("a", "doomed")
     # e2e.record has Celery's default max_retries=3: four holders took the row and died (their leases
     # lapsed), as four SIGKILLed workers would leave it — each hand-out its own claim.
     for n in range(4):
         deadline = time.monotonic() + 10
-        while not rows.claim(engine, queue, 1, f"dead-{n}", 0.3):
+        while not claim(engine, queue, 1, f"dead-{n}", 0.3):
             assert time.monotonic() < deadline, "the dead holder's lease never lapsed"
             time.sleep(0.05)
     time.sleep(0.4)
