@@ -75,6 +75,9 @@ class PgRows(RowHolder):
     def size(self, queue: str) -> int:
         return rows.size(self.engine, queue)
 
+    def readiness(self, queue: str) -> tuple[int, float | None]:
+        return rows.readiness(self.engine, queue)
+
     def purge(self, queue: str) -> int:
         return rows.purge(self.engine, queue)
 

@@ -15,9 +15,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from celery_durable.broker import rows
+from sqlalchemy.engine import Engine
+
+from celery_durable.broker import bindings, rows
 from celery_durable.broker.dead_letters import PARK, Burial
 from celery_durable.broker.leases import Heartbeat, RowLeaseKeeper
+from celery_durable.compat.virtual_rows import Binding, Meta
 
 #: Decides what a claim does with a row whose holders died (``dead_letters.bury``); None: deliver it.
 Bury = Callable[[str, dict[str, Any], int], Burial | None]
@@ -35,6 +38,9 @@ class RowHolder(ABC):
     runs a thread.
     """
 
+    #: The store's engine on the broker's database (each backend opens its own).
+    engine: Engine
+
     def __init__(self, lease_ttl: float, bury: Bury | None) -> None:
         self._bury = bury
         self.lease_ttl = lease_ttl
@@ -43,6 +49,7 @@ class RowHolder(ABC):
         self._acked: list[int] = []
         self._keeper = RowLeaseKeeper(self.renew, lease_ttl)
         self._lock = threading.Lock()
+        self._tables = bindings.SharedTables(lambda exchange: bindings.table(self.engine, exchange))
 
     # -- the database's statements ---------------------------------------------------------------------
     @abstractmethod
@@ -160,6 +167,19 @@ class RowHolder(ABC):
             # unacked messages at exit): those rows are the parent's, live, and stay its.
             return
         self._give_back_rows([int(tag)])
+
+    # -- the bindings other processes route by (broker/bindings.py) --------------------------------------
+    def bind(self, binding: Binding) -> None:
+        bindings.bind(self.engine, binding)
+
+    def unbind(self, queue: str, exchange: str | None = None, routing_key: str | None = None) -> None:
+        bindings.unbind(self.engine, queue, exchange, routing_key)
+
+    def shared_table(self, exchange: str, *, fresh: bool) -> list[Meta]:
+        return self._tables.get(exchange, fresh=fresh)
+
+    def refresh_bindings(self, consumed: Sequence[Binding]) -> list[str]:
+        return bindings.refresh(self.engine, consumed)
 
     def close(self) -> None:
         self._keeper.stop()

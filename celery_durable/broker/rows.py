@@ -286,6 +286,18 @@ def size(engine: Engine, queue: str) -> int:
     return int(found or 0)
 
 
+def readiness(engine: Engine, queue: str) -> tuple[int, float | None]:
+    """(ready rows of ``queue``, seconds the oldest of them has been ready or None if none is): what the
+    queue gauges read, in the database's clock. Ready since the latest of its enqueue, its delay, and the
+    lease it lapsed from."""
+    with engine.connect() as conn:
+        count, age = conn.execute(sa.text(
+            "SELECT count(*), extract(epoch FROM now() - min(greatest(enqueued_at, visible_at, "
+            "coalesce(lease_expires_at, visible_at)))) FROM durable_broker_messages WHERE queue = :queue "
+            "AND visible_at <= now() AND (holder IS NULL OR lease_expires_at < now())"), {"queue": queue}).one()
+    return int(count), None if age is None else max(float(age), 0.0)
+
+
 def purge(engine: Engine, queue: str) -> int:
     """Delete the rows of ``queue`` no live lease holds; how many."""
     table = broker_messages

@@ -77,6 +77,9 @@ class SqliteRows(RowHolder):
     def size(self, queue: str) -> int:
         return rows.size(self.reads, queue)
 
+    def readiness(self, queue: str) -> tuple[int, float | None]:
+        return sqlite_rows.readiness(self.engine, queue)
+
     def purge(self, queue: str) -> int:
         return sqlite_rows.purge(self.engine, queue)
 

@@ -181,6 +181,24 @@ def give_back(engine: Engine, ids: Sequence[int], holder: str) -> int:
         return int(conn.exec_driver_sql(_GIVE_BACK.format(marks=_marks(len(ids))), (holder, *ids)).rowcount)
 
 
+_READINESS = ("SELECT count(*), min(max(enqueued_at, visible_at, coalesce(lease_expires_at, visible_at))) "
+              "FROM durable_broker_messages WHERE queue = ? AND visible_at <= ? "
+              "AND (holder IS NULL OR lease_expires_at < ?)")
+
+
+def readiness(engine: Engine, queue: str, clock: Clock = SYSTEM_CLOCK) -> tuple[int, float | None]:
+    """(ready rows of ``queue``, seconds the oldest has been ready or None if none is): a read, no lock.
+    The stored times are UTC text of one format, so SQLite's ``max``/``min`` compare them as times."""
+    now = clock.now()
+    at = stamp(now)
+    with autocommit(engine).connect() as conn:
+        count, since = conn.exec_driver_sql(_READINESS, (queue, at, at)).one()
+    if since is None:
+        return int(count), None
+    ready_at = datetime.strptime(since, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=_UTC)
+    return int(count), max((now - ready_at).total_seconds(), 0.0)
+
+
 def purge(engine: Engine, queue: str, clock: Clock = SYSTEM_CLOCK) -> int:
     """Delete the rows of ``queue`` no live lease holds; how many."""
     with engine.begin() as conn:

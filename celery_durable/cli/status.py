@@ -53,7 +53,7 @@ def read_queues(app: Any, names: list[str], dead: dict[str, int]) -> list[QueueV
             if probed is None:
                 views.append(QueueView(name, None, None, dead.get(name, 0)))
                 continue
-            age = oldest_ready_seconds(probed.depth, probed.heads, time())
+            age = oldest_ready_seconds(probed.depth, probed.heads, time(), probed.ready_for)
             views.append(QueueView(name, probed.depth, age, dead.get(name, 0)))
     return views
 

@@ -9,8 +9,10 @@ The queue gauges (``metrics/queues.py``) read it at scrape time, one round trip 
   flag only under ``worker_deduplicate_successful_tasks`` (one result-backend lookup for that run). A
   quorum queue counts deliveries against its ``delivery-limit``: there only the depth is read
   (a passive declare), not the head.
-- kombu's virtual transports (the SQLAlchemy broker): a passive declare's message count; the head
-  is not read.
+- The broker that claims rows (``durable+``): one query of the queue's ready rows, their count and
+  how long the oldest has been ready, in the database's clock (no header needed).
+- kombu's other virtual transports (the SQLAlchemy broker): a passive declare's message count; the
+  head is not read.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class QueueProbe:
     #: The headers of the oldest ready message of each priority (the next to go), as far as the broker lets
     #: them be read without taking them; empty when the queue is empty or its head cannot be read.
     heads: tuple[dict[str, Any], ...] = ()
+    #: Seconds the oldest ready message has been ready, where the broker keeps it (the rows broker).
+    ready_for: float | None = None
 
 
 def probe(channel: Any, queue: Any) -> QueueProbe | None:
@@ -44,6 +48,9 @@ def probe(channel: Any, queue: Any) -> QueueProbe | None:
         if (queue.queue_arguments or {}).get("x-queue-type") in ("quorum", "stream"):
             return _declared_depth(channel, queue.name)
         return _amqp(channel, queue.name)
+    if driver == "durable":
+        depth, ready_for = channel.rows.readiness(queue.name)
+        return QueueProbe(depth, ready_for=ready_for)
     return _declared_depth(channel, queue.name)
 
 

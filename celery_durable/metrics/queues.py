@@ -3,9 +3,10 @@
 ``job_queue_depth{queue}`` and ``job_queue_oldest_ready_seconds{queue}`` come
 from the broker (``compat/queue_probe.py``: one round trip per queue), the age
 from the ``durable_sent_at`` header every app with celery_durable installed
-stamps on what it sends (``tasks/sent_stamp.py``); a queue whose next message
-carries no stamp (sent by an app without it), or whose head the broker does
-not show, has no age sample. ``job_queue_dead_runs{queue}`` counts dead
+stamps on what it sends (``tasks/sent_stamp.py``) — on the broker that claims
+rows, from the rows themselves; a queue whose next message carries no stamp
+(sent by an app without it), or whose head the broker does not show, has no
+age sample. ``job_queue_dead_runs{queue}`` counts dead
 durable runs in the store (one query for all queues). Each live worker's
 readings are kept for a second: a scrape every second costs the broker and
 the store no more than that, however many scrapers there are.
@@ -146,7 +147,7 @@ class _QueueCollector:
                 seen.add(name)
                 if probed is not None:
                     depth.add_metric([name], probed.depth)
-                    oldest = oldest_ready_seconds(probed.depth, probed.heads, now)
+                    oldest = oldest_ready_seconds(probed.depth, probed.heads, now, probed.ready_for)
                     if oldest is not None:
                         age.add_metric([name], oldest)
                 if readings.dead is not None:

@@ -23,6 +23,10 @@ def oldest_age(heads: Iterable[Mapping[str, Any]], now: float) -> float | None:
     return max(0.0, now - min(stamps)) if stamps else None
 
 
-def oldest_ready_seconds(depth: int, heads: Iterable[Mapping[str, Any]], now: float) -> float | None:
-    """The gauge's value: 0 for an empty queue, else :func:`oldest_age` of its heads (None: not known)."""
-    return 0.0 if depth == 0 else oldest_age(heads, now)
+def oldest_ready_seconds(depth: int, heads: Iterable[Mapping[str, Any]], now: float,
+                         ready_for: float | None = None) -> float | None:
+    """The gauge's value: 0 for an empty queue, else the age the broker itself keeps (``ready_for``: the
+    rows broker's), else :func:`oldest_age` of its heads (None: not known)."""
+    if depth == 0:
+        return 0.0
+    return ready_for if ready_for is not None else oldest_age(heads, now)

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
 #: The Alembic revision the code reads and writes; a database behind it must be migrated.
-HEAD_REVISION = "0011_one_queue_pass"
+HEAD_REVISION = "0012_broker_bindings"
 
 #: The databases the store's SQL is written for (SQLAlchemy backend names; any driver of them).
 SUPPORTED_BACKENDS = ("postgresql", "sqlite")
@@ -246,4 +246,19 @@ broker_messages = sa.Table(
     sa.Column("lapses", sa.Integer, nullable=False, server_default="0"),
     sa.Index("ix_durable_broker_messages_claim", "queue", sa.text("priority DESC"), "id"),
     sa.Index("ix_durable_broker_messages_holder", "holder"),
+)
+
+#: The broker's bindings that route across processes (fan-out, topic, reply keys; migration 0012):
+#: a binding whose queue declared ``x-expires`` lapses that long after ``seen_at`` (epoch seconds, the
+#: database's clock), refreshed while a connection consumes the queue.
+broker_bindings = sa.Table(
+    "durable_broker_bindings",
+    metadata,
+    sa.Column("exchange", sa.String(255), primary_key=True),
+    sa.Column("routing_key", sa.String(255), primary_key=True),
+    sa.Column("queue", sa.String(255), primary_key=True),
+    sa.Column("pattern", sa.Text, nullable=True),
+    sa.Column("expires_after", sa.Float, nullable=True),
+    sa.Column("seen_at", sa.Float, nullable=False),
+    sa.Index("ix_durable_broker_bindings_queue", "queue"),
 )

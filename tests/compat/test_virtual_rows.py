@@ -18,7 +18,7 @@ import pytest
 from kombu import Connection, Exchange, Queue, transport
 from kombu.transport import virtual
 
-from celery_durable.compat.virtual_rows import DELAY_HEADER, RowChannel, RowTransport
+from celery_durable.compat.virtual_rows import DELAY_HEADER, Binding, Meta, RowChannel, RowTransport
 
 
 class MemoryRows:
@@ -31,6 +31,7 @@ class MemoryRows:
         self.publishes = 0
         self.waits = 0
         self.notified: set[str] = set()
+        self.bindings: dict[tuple[str, str, str], Binding] = {}
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
 
@@ -101,6 +102,21 @@ class MemoryRows:
             pass
         notified, self.notified = self.notified, set()
         return b"x" in data, notified
+
+    def bind(self, binding: Binding) -> None:
+        self.bindings[(binding.exchange, binding.routing_key, binding.queue)] = binding
+
+    def unbind(self, queue: str, exchange: str | None = None, routing_key: str | None = None) -> None:
+        self.bindings = {key: b for key, b in self.bindings.items()
+                         if not (b.queue == queue and exchange in (None, b.exchange)
+                                 and routing_key in (None, b.routing_key))}
+
+    def shared_table(self, exchange: str, *, fresh: bool) -> list[Meta]:
+        return [(b.routing_key, b.pattern, b.queue) for b in self.bindings.values() if b.exchange == exchange]
+
+    def refresh_bindings(self, consumed: Sequence[Binding]) -> list[str]:
+        self.calls.append(("refresh_bindings", sorted(b.queue for b in consumed)))
+        return []
 
     def close(self) -> None:
         self.calls.append(("close", None))
@@ -206,10 +222,42 @@ def test_consume_drains_by_claiming_up_to_the_prefetch_room(conn: Any) -> None:
         assert [m.payload["n"] for m in got] == [0, 1, 2, 3]
 
 
-def test_no_fanout_exchange_so_celery_leaves_remote_control_out(conn: Any) -> None:
-    assert not conn.supports_exchange_type("fanout")
+def test_fanout_direct_and_topic_exchanges_so_celery_runs_remote_control(conn: Any) -> None:
+    assert conn.supports_exchange_type("fanout")
     assert conn.supports_exchange_type("direct")
     assert conn.supports_exchange_type("topic")
+
+
+def test_the_names_fan_out_rides_on_are_kombus() -> None:
+    # kombu calls _queue_bind for every binding and _put_fanout for a fan-out publish only when the
+    # channel says supports_fanout; basic_consume keeps _tag_to_queue; queue_declare asks the channel to
+    # prepare the queue's arguments (its x-expires); the state lists a queue's bindings.
+    assert virtual.Channel.supports_fanout is False and RowChannel.supports_fanout is True
+    assert "_put_fanout" in virtual.exchange.FanoutExchange.deliver.__code__.co_names
+    assert "_queue_bind" in virtual.Channel.queue_bind.__code__.co_names
+    assert "_tag_to_queue" in virtual.Channel.basic_consume.__code__.co_names
+    assert "prepare_queue_arguments" in Queue.queue_declare.__code__.co_names
+    assert callable(virtual.base.BrokerState().queue_bindings)
+
+
+def test_a_broadcast_from_one_connection_reaches_the_queue_another_bound(conn: Any,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two kombu connections share BACKEND (two processes on one database); each has its own bindings.
+    broadcast = Exchange("ctl", "fanout", auto_delete=True)
+    pidbox = Queue("w1.ctl", broadcast, expires=10.0, auto_delete=True)
+    with Connection("rows-memory://") as worker:
+        pidbox(worker.default_channel).declare()
+        assert list(BACKEND.bindings.values()) == [Binding("ctl", "", None, "w1.ctl", 10.0)]
+        conn.Producer().publish({"method": "ping"}, exchange=broadcast, declare=[broadcast])
+        assert [row["queue"] for row in BACKEND.rows] == ["w1.ctl"]
+        received: list[Any] = []
+        with worker.Consumer([pidbox], callbacks=[lambda body, message: received.append(body)], no_ack=True):
+            worker.drain_events(timeout=1)
+        assert received == [{"method": "ping"}]
+        assert BACKEND.rows == []  # consumed without acks: acked as delivered
+        assert ("refresh_bindings", ["w1.ctl"]) in BACKEND.calls  # a consumer of an expiring queue keeps it
+        pidbox(worker.default_channel).delete()
+        assert BACKEND.bindings == {}
 
 
 def test_wake_ends_a_drain_at_once_so_a_loop_without_a_hub_runs_its_queued_kicks(conn: Any) -> None:

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
+from celery_durable.broker import register
 from tests.e2e.harness import E2E_LOG_SECTION, STARTED_LOGS, Scenario
 from tests.faultproxy import FaultProxy
+from tests.stores import fresh_store
 
 
 @pytest.fixture
@@ -27,6 +30,19 @@ def scenario(broker: tuple[str, str], fault_proxy: Callable[[str], FaultProxy]
     yield make
     for s in made:
         s.cleanup()
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def row_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Scenario]:
+    """A scenario on the broker that claims rows (``durable+``), whose database (and durable store) is a fresh
+    PostgreSQL schema or SQLite file; queues ``a``, ``b``, ``c``."""
+    register()  # the producer's own process resolves durable+ too
+    with fresh_store(request.param, tmp_path) as url:
+        s = Scenario("durable", f"durable+{url}", ["a", "b", "c"])
+        try:
+            yield s
+        finally:
+            s.cleanup()
 
 
 #: Lines of each process's log attached to a failed test's report (the whole log stays in E2E_LOG_DIR).

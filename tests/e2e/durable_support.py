@@ -28,7 +28,8 @@ MakeScenario = Callable[..., tuple[Scenario, str]]
 def durable_scenario(tmp_path: Path) -> Iterator[MakeScenario]:
     """make(store_kind, broker_kind="redis") -> (Scenario with one queue "q", store URL); cleaned up after.
 
-    ``broker_kind="postgresql"``: the PostgreSQL broker (``durable+postgresql://``) on the store's database."""
+    ``broker_kind="postgresql"`` or ``"sqlite"``: the broker that claims rows (``durable+<store URL>``) on the
+    store's database (of the same kind)."""
     made: list[Scenario] = []
     stores: list[Any] = []
 
@@ -39,8 +40,9 @@ def durable_scenario(tmp_path: Path) -> Iterator[MakeScenario]:
         ensure_schema(url)
         with engine_for(url).begin() as conn:
             conn.exec_driver_sql(EFFECTS_DDL)
-        if broker_kind == "postgresql":
-            # The PostgreSQL broker on the store's own database (needs kind "postgresql").
+        if broker_kind in ("postgresql", "sqlite"):
+            # The broker that claims rows, on the store's own database.
+            assert kind == broker_kind, f"the {broker_kind} broker runs on a {broker_kind} store, not {kind}"
             register()
             s = Scenario(broker_kind, f"durable+{url}", ["q"])
         else:

@@ -6,7 +6,6 @@ restart, no broker timer)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,6 @@ from tests.e2e.test_fairness_and_cap import assert_strict_turns
 from tests.stores import fresh_store
 
 TTL = 3.0
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def row_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Scenario]:
-    """A scenario whose broker (and durable store) is a fresh PostgreSQL schema or SQLite file, queues ``a``,
-    ``b``, ``c``."""
-    register()  # the producer's own process resolves durable+ too
-    with fresh_store(request.param, tmp_path) as url:
-        s = Scenario("durable", f"durable+{url}", ["a", "b", "c"])
-        try:
-            yield s
-        finally:
-            s.cleanup()
 
 
 def test_a_stock_prefork_worker_and_a_durable_worker_run_their_tasks(row_broker: Scenario) -> None:
