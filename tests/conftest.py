@@ -37,16 +37,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 #: Every broker kind: a file opts in to the PostgreSQL broker with
 #: ``pytestmark = pytest.mark.parametrize("broker", ALL_BROKERS, indirect=True)``.
-ALL_BROKERS = ["redis", "rabbitmq", "postgresql"]
+#: Every broker the core e2e files run on: Redis, RabbitMQ, and the broker that claims rows on PostgreSQL
+#: and on SQLite.
+ALL_BROKERS = ["redis", "rabbitmq", "postgresql", "sqlite"]
 
 
 @pytest.fixture(params=["redis", "rabbitmq"])
 def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """(kind, url) of each real broker; the test runs once per broker.
 
-    ``postgresql``: the PostgreSQL broker (``durable+postgresql://``) on a fresh schema of its own,
-    which the durable store of its workers shares (no ``durable_database_url`` needed).
+    ``postgresql`` / ``sqlite``: the broker that claims rows (``durable+…``) on a fresh schema or file of
+    its own, which the durable store of its workers shares (no ``durable_database_url`` needed).
     """
+    if request.param == "sqlite":
+        from celery_durable.broker import register
+        from tests.stores import fresh_store
+
+        register()
+        with fresh_store("sqlite", tmp_path) as url:
+            yield "sqlite", f"durable+{url}"
+        return
     if request.param != "postgresql":
         yield request.param, broker_url(request.param)
         return

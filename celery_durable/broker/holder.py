@@ -96,6 +96,21 @@ class RowHolder(ABC):
             self._holding()
         return [delivered(row) for row in self._live(taken)]
 
+    def take(self, queue: str, limit: int) -> list[dict[str, Any]]:
+        """Claim and delete at once, for a consumer without acks (a pidbox, a reply queue, an event receiver):
+        nothing stays held, so no heartbeat starts for it. A process that dies in between leaves the rows
+        to come back one lease later."""
+        acked = self._take_acks()
+        try:
+            taken = self._claim_rows(queue, limit, acked)
+        except BaseException:
+            self._return_acks(acked)
+            raise
+        live = self._live(taken)
+        if live:
+            self._delete_rows([row.id for row in live])
+        return [delivered(row) for row in live]
+
     def claim_pass(self, queues: Sequence[str], free: Sequence[int],
                    room: int | None) -> list[tuple[str, int, int, list[dict[str, Any]]]]:
         """A whole claim pass: each ask that took rows as (queue, count, taken, payloads)."""

@@ -158,7 +158,7 @@ def _claim_one_queue(target: Target, queue: str, limit: int, holder: str, ttl: f
         payload = decoded(text)
         if payload is None:
             poison.append(row_id)
-            log_parked(row_id, row_queue)
+            log_parked(row_id, row_queue, text)
         else:
             claimed.append(Claimed(row_id, row_queue, priority, payload, delivery_count, lapses))
     if poison:
@@ -212,7 +212,7 @@ def claim_pass(target: Target, queues: Sequence[str], free: Sequence[int], room:
         asks[-1] = PassAsk(ask.queue, ask.count, ask.taken + 1, ask.claimed)
         if payload is None:
             poison.append(row_id)
-            log_parked(row_id, row_queue)
+            log_parked(row_id, row_queue, text)
         else:
             ask.claimed.append(Claimed(row_id, row_queue, priority, payload, delivery_count, lapses))
     if poison:
@@ -220,10 +220,18 @@ def claim_pass(target: Target, queues: Sequence[str], free: Sequence[int], room:
     return asks
 
 
-def log_parked(row_id: int, queue: str) -> None:
-    logger.error("durable.broker.parked: row %s of queue %s is not a kombu message; moved to %s",
-                 row_id, queue, queue + PARKED_SUFFIX,
-                 extra={"event": "durable.broker.parked", "queue": queue, "row": row_id})
+#: Characters of a parked row's text the log shows (the claiming worker's parking shows as many bytes).
+PARKED_HEAD = 200
+
+
+def log_parked(row_id: int, queue: str, text: str) -> None:
+    """The line every broker's poison gets (``worker/parking.py``'s event and fields), and the row's id."""
+    reason = "not a kombu message: not JSON, or no properties"
+    shown = repr(text[:PARKED_HEAD])
+    logger.error("durable.message.parked queue=%s parked_to=%s reason=%s head=%s row=%s",
+                 queue, queue + PARKED_SUFFIX, reason, shown, row_id,
+                 extra={"event": "durable.message.parked", "queue": queue, "parked_to": queue + PARKED_SUFFIX,
+                        "reason": reason, "head": shown, "row": row_id})
 
 
 def decoded(text: str) -> dict[str, Any] | None:

@@ -86,7 +86,7 @@ def ready_queues(engine: Engine, queues: Sequence[str], clock: Clock = SYSTEM_CL
 
 
 def _claim_in(conn: Connection, queue: str, limit: int, holder: str, ttl: float, now: datetime,
-              poison: list[tuple[int, str]]) -> tuple[list[Claimed], int]:
+              poison: list[tuple[int, str, str]]) -> tuple[list[Claimed], int]:
     """The one-queue claim on ``conn`` (in a write transaction): the readable rows in claim order, how many taken."""
     at = stamp(now)
     found = [tuple(row) for row in conn.exec_driver_sql(
@@ -96,7 +96,7 @@ def _claim_in(conn: Connection, queue: str, limit: int, holder: str, ttl: float,
     for row_id, row_queue, priority, text, delivery_count, lapses in found:
         payload = decoded(text)
         if payload is None:
-            poison.append((row_id, row_queue))
+            poison.append((row_id, row_queue, text))
         else:
             claimed.append(Claimed(row_id, row_queue, priority, payload, delivery_count, lapses))
     return claimed, len(found)
@@ -108,11 +108,11 @@ def _delete_acked(conn: Connection, ids: Sequence[int], holder: str) -> int:
     return int(conn.exec_driver_sql(_ACK.format(marks=_marks(len(ids))), (holder, *ids)).rowcount)
 
 
-def _park_poison(engine: Engine, poison: list[tuple[int, str]]) -> None:
-    for row_id, queue in poison:
-        log_parked(row_id, queue)
+def _park_poison(engine: Engine, poison: list[tuple[int, str, str]]) -> None:
+    for row_id, queue, text in poison:
+        log_parked(row_id, queue, text)
     if poison:
-        park(engine, [row_id for row_id, _ in poison])
+        park(engine, [row_id for row_id, _, _ in poison])
 
 
 def claim(engine: Engine, queue: str, limit: int, holder: str, ttl: float, acked: Sequence[int] = (),
@@ -121,7 +121,7 @@ def claim(engine: Engine, queue: str, limit: int, holder: str, ttl: float, acked
     ``acked`` (rows ``holder`` acked since) deleted in the same transaction. Nothing ready: no write at all."""
     if not acked and not ready_queues(engine, [queue], clock):
         return []
-    poison: list[tuple[int, str]] = []
+    poison: list[tuple[int, str, str]] = []
     with engine.begin() as conn:
         _delete_acked(conn, acked, holder)
         claimed, _ = _claim_in(conn, queue, limit, holder, ttl, clock.now(), poison)
@@ -138,7 +138,7 @@ def claim_pass(engine: Engine, queues: Sequence[str], free: Sequence[int], room:
         return []
     sweep = claim_sweep.begin_sweep(queues, dict(zip(queues, free, strict=True)), room, cursor=None)
     asks: list[PassAsk] = []
-    poison: list[tuple[int, str]] = []
+    poison: list[tuple[int, str, str]] = []
     with engine.begin() as conn:
         _delete_acked(conn, acked, holder)
         now = clock.now()

@@ -17,7 +17,7 @@ Exchanges: kombu keeps bindings in each process; the bindings another process mu
 fan-out or topic exchange, or a direct key that is not the queue's own name (a reply queue's) — are
 also the backend's rows (``supports_fanout``, ``_queue_bind``, ``_put_fanout``), so remote control,
 replies and task events cross processes as they do on Redis. A queue consumed without acks (Celery's
-pidbox and reply queues, an event receiver) has each claimed row acked at once.
+pidbox and reply queues, an event receiver) has its rows claimed and deleted in one go (``take``).
 """
 
 from __future__ import annotations
@@ -71,6 +71,9 @@ class RowBackend(Protocol):
 
     def claim(self, queue: str, limit: int) -> list[dict[str, Any]]:
         """Take up to ``limit`` ready messages of ``queue`` under a lease; each carries its delivery tag."""
+
+    def take(self, queue: str, limit: int) -> list[dict[str, Any]]:
+        """Claim up to ``limit`` messages of ``queue`` and delete them at once (a consumer without acks)."""
 
     def ack(self, tag: Any) -> None: ...
 
@@ -248,10 +251,10 @@ class RowChannel(virtual.Channel):
         return cancelled
 
     def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
-        message = super().basic_get(queue, no_ack=no_ack, **kwargs)  # type: ignore[no-untyped-call]
-        if message is not None and no_ack:
-            self.rows.ack(message.delivery_tag)
-        return message
+        if not no_ack:
+            return super().basic_get(queue, no_ack=no_ack, **kwargs)  # type: ignore[no-untyped-call]
+        taken = self.rows.take(queue, 1)
+        return self.Message(taken[0], channel=self) if taken else None  # type: ignore[no-untyped-call]
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
         return True
@@ -283,11 +286,9 @@ class RowChannel(virtual.Channel):
         """What a consume on ``queue`` may take now: up to the prefetch room left (kombu's QoS)."""
         room = self.qos.can_consume_max_estimate()
         limit = UNLIMITED_BATCH if room is None else room
-        taken = self.rows.claim(queue, limit) if limit > 0 else []
-        if queue in self._no_ack:
-            for payload in taken:
-                self.rows.ack(payload["properties"]["delivery_tag"])
-        return taken
+        if limit <= 0:
+            return []
+        return self.rows.take(queue, limit) if queue in self._no_ack else self.rows.claim(queue, limit)
 
     def adopt(self, payload: dict[str, Any]) -> Any:
         """A claimed payload as kombu's message, held unacked by this channel (what ``basic_get`` does)."""

@@ -53,6 +53,13 @@ class MemoryRows:
         self.calls.append(("claim", (queue, limit)))
         return taken
 
+    def take(self, queue: str, limit: int) -> list[dict[str, Any]]:
+        taken = self.claim(queue, limit)
+        for message in taken:
+            self.rows = [row for row in self.rows if row["tag"] != message["properties"]["delivery_tag"]]
+        self.calls.append(("take", (queue, limit)))
+        return taken
+
     def ack(self, tag: Any) -> None:
         self.calls.append(("ack", tag))
         self.rows = [row for row in self.rows if row["tag"] != tag]

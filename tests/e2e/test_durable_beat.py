@@ -63,7 +63,7 @@ def _beat_conf(url: str, **extra: Any) -> dict[str, Any]:
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq", "postgresql"])
 def test_three_replicas_send_every_tick_once_through_two_kills_and_a_sigterm(durable_scenario, broker_kind):
     """An entry every second for a minute; the leader SIGKILLed twice and SIGTERMed once (a fresh
     replica started after each, on no local state): every tick in the window is sent exactly once —

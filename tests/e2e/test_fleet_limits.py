@@ -83,7 +83,7 @@ def _leases(url: str) -> list[dict[str, Any]]:
         return [dict(r) for r in conn.execute(sa.text("SELECT * FROM durable_limit_leases")).mappings()]
 
 
-@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq", "postgresql"])
 def test_durable_concurrency_holds_across_three_workers_and_a_killed_holder_is_reclaimed(
         durable_scenario, broker_kind):
     s, url = durable_scenario("postgresql", broker_kind)
@@ -184,7 +184,7 @@ def test_a_busy_key_does_not_hold_back_other_keys_on_the_same_queue(durable_scen
           f"of A's had run); waited {sum(st['limits_waited'] for st in stats)}")
 
 
-@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq", "postgresql"])
 def test_wait_runs_every_message_once_in_arrival_order_and_burns_no_attempt(durable_scenario, broker_kind):
     """``when_busy="wait"``: each message runs once, per key in the order it arrived; a task with
     ``max_retries=0`` that waited behind 20 others still runs (retries stay 0)."""

@@ -6,10 +6,16 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import redis
+import sqlalchemy as sa
 from kombu import Connection
 
+from celery_durable.broker.sqlite_rows import stamp
+from celery_durable.clock import SYSTEM_CLOCK
+from celery_durable.store.engine import ensure_schema
 from celery_durable.worker.parking import parked_name
+from tests.conftest import ALL_BROKERS
 from tests.e2e.harness import Scenario, wait_for
 from tests.services import redis_problem, require
 
@@ -35,6 +41,16 @@ def _push_poison(s: Scenario, queue: str) -> int:
                              content_encoding="utf-8")
             producer.publish(b"\x00", routing_key=queue, content_type="application/x-nobody-accepts",
                              content_encoding="binary")
+        return 2
+    if s.broker_kind in ("postgresql", "sqlite"):
+        # Rows no kombu publish would write: one not JSON, one JSON with no properties.
+        engine = ensure_schema(s.broker_url.removeprefix("durable+"))
+        now = stamp(SYSTEM_CLOCK.now()) if engine.dialect.name == "sqlite" else None
+        with engine.begin() as conn:
+            for payload in (NOT_JSON.decode(), '{"body": "abc"}'):
+                conn.execute(sa.text("INSERT INTO durable_broker_messages (queue, priority, payload, enqueued_at, "
+                                     "visible_at) VALUES (:q, 0, :p, coalesce(:now, CURRENT_TIMESTAMP), "
+                                     "coalesce(:now, CURRENT_TIMESTAMP))"), {"q": queue, "p": payload, "now": now})
         return 2
     with Connection(s.broker_url) as conn:
         channel = conn.channel()
@@ -103,6 +119,7 @@ def _poison_between_good_tasks(s: Scenario) -> None:
     assert worker.terminate() == 0
 
 
+@pytest.mark.parametrize("broker", ALL_BROKERS, indirect=True)
 def test_poison_is_parked_and_the_worker_runs_every_good_task(scenario):
     s = scenario(["q"])
     try:
