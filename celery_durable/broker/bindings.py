@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from celery_durable.compat.virtual_rows import Binding, Meta
+from celery_durable.store.engine import autocommit
 
 #: The database's clock in epoch seconds, per backend.
 _NOW = {
@@ -67,8 +68,11 @@ def unbind(engine: Engine, queue: str, exchange: str | None = None, routing_key:
 
 
 def table(engine: Engine, exchange: str) -> list[Meta]:
-    """The live bindings of ``exchange`` as kombu's routing table (lapsed ones left out)."""
-    with engine.connect() as conn:
+    """The live bindings of ``exchange`` as kombu's routing table (lapsed ones left out).
+
+    A read that takes no lock (autocommit: on SQLite no ``BEGIN IMMEDIATE``): a publish routed inside the
+    caller's open write transaction (a ``task-sent`` event of ``outbox.enqueue``) must not wait for it."""
+    with autocommit(engine).connect() as conn:
         found = conn.execute(sa.text(
             "SELECT routing_key, pattern, queue FROM durable_broker_bindings WHERE exchange = :exchange "
             f"AND (expires_after IS NULL OR seen_at + expires_after > {_now(conn)}) ORDER BY queue"),

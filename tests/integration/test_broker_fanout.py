@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from kombu import Connection, Consumer, Exchange, Queue
 
 from celery_durable.broker import register
-from celery_durable.store.engine import ensure_schema
+from celery_durable.store.engine import autocommit, ensure_schema
 from tests.stores import fresh_store
 
 BROADCAST = Exchange("ctl.pidbox", "fanout", durable=False, auto_delete=True)
@@ -50,13 +50,14 @@ def connect(db_url: str) -> Iterator[Callable[[], Connection]]:
 
 
 def _bindings(db_url: str) -> list[tuple[str, str, str]]:
-    with ensure_schema(db_url).connect() as conn:
+    with autocommit(ensure_schema(db_url)).connect() as conn:
         return [tuple(row) for row in conn.execute(sa.text(
             "SELECT exchange, routing_key, queue FROM durable_broker_bindings ORDER BY queue"))]
 
 
 def _rows(db_url: str) -> list[str]:
-    with ensure_schema(db_url).connect() as conn:
+    # A read that takes no lock (the store's engine begins each transaction IMMEDIATE on SQLite).
+    with autocommit(ensure_schema(db_url)).connect() as conn:
         return [row.queue for row in conn.execute(sa.text("SELECT queue FROM durable_broker_messages ORDER BY id"))]
 
 
@@ -163,3 +164,39 @@ def test_a_consumer_without_acks_leaves_no_row_behind_and_a_deleted_queue_no_bin
     assert _rows(db_url) == []
     bound.delete()
     assert _bindings(db_url) == []
+
+
+def test_a_sent_event_of_an_enqueue_inside_a_write_transaction_is_routed_without_waiting_for_it(connect, db_url):
+    """``task_send_sent_event`` with ``outbox.enqueue``: the event is routed (a read of the shared bindings)
+    while the caller's transaction holds SQLite's write lock, and goes out with the task on commit."""
+    from celery import Celery
+
+    import celery_durable
+    from celery_durable import outbox
+
+    monitor = connect()
+    events = Queue("celeryev.monitor", Exchange("celeryev", "topic", durable=True), routing_key="#",
+                   expires=60.0, auto_delete=True)
+    events(monitor.default_channel).declare()
+    app = Celery("sent-events", broker=f"durable+{db_url}", set_as_current=False)
+    celery_durable.install(app)
+    app.conf.update(durable_database_url=db_url, task_send_sent_event=True)
+
+    @app.task(name="fanout.noop", shared=False)
+    def noop() -> None:
+        return None
+
+    user = sa.create_engine(db_url)
+    with user.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE fanout_orders (id INTEGER)"))
+    try:
+        with user.begin() as conn:
+            conn.execute(sa.text("INSERT INTO fanout_orders VALUES (1)"))  # the caller holds the write lock
+            sent = outbox.enqueue(conn, noop.s())
+            assert _rows(db_url) == []  # nothing visible before the commit
+        assert sorted(_rows(db_url)) == ["celery", "celeryev.monitor"]
+        event = _body(monitor, events)
+        assert (event["type"], event["uuid"]) == ("task-sent", sent.id)
+    finally:
+        user.dispose()
+        app.close()
