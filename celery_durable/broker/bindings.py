@@ -53,7 +53,12 @@ def _params(binding: Binding) -> dict[str, object]:
 def bind(engine: Engine, binding: Binding) -> None:
     """Record ``binding`` (again: its pattern and expiry replaced, seen now)."""
     with engine.begin() as conn:
-        conn.execute(_upsert(conn), _params(binding))
+        bind_on(conn, binding)
+
+
+def bind_on(conn: Connection, binding: Binding) -> None:
+    """Record ``binding`` in ``conn``'s transaction."""
+    conn.execute(_upsert(conn), _params(binding))
 
 
 def unbind(engine: Engine, queue: str, exchange: str | None = None, routing_key: str | None = None) -> None:

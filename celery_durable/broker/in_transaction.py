@@ -25,6 +25,10 @@ class Binding:
     connection: Connection
     identity: tuple[Any, ...]
 
+    def is_on(self, broker_url: str) -> bool:
+        """Whether ``broker_url`` is the database of the caller's transaction."""
+        return database_identity(broker_url) == self.identity
+
     def insert(self, broker_url: str, messages: Sequence[rows.Outgoing]) -> None:
         """Add ``messages`` to the caller's transaction: they become visible when, and if, it commits.
 

@@ -14,8 +14,9 @@ import select
 from collections.abc import Sequence
 from typing import Any
 
-from celery_durable.broker import in_transaction, rows, sqlite_rows
+from celery_durable.broker import bindings, in_transaction, rows, sqlite_rows
 from celery_durable.broker.holder import Bury, RowHolder
+from celery_durable.compat.virtual_rows import Binding
 from celery_durable.store.engine import autocommit, ensure_schema
 
 #: Seconds between two polls of an idle consumer's queues: the most a new row waits for a worker that is idle.
@@ -45,6 +46,16 @@ class SqliteRows(RowHolder):
             return
         with self.engine.begin() as conn:
             sqlite_rows.insert(conn, outgoing)
+
+    def bind(self, binding: Binding) -> None:
+        caller = in_transaction.current()
+        if caller is not None and caller.is_on(self.url):
+            # A queue declared by a send inside the caller's transaction: that transaction may hold SQLite's
+            # one write lock, so the binding is written in it (rolled back with it: this process routes by
+            # its own bindings anyway, and every other process that sends to the queue declares it).
+            bindings.bind_on(caller.connection, binding)
+            return
+        super().bind(binding)
 
     # -- the statements (RowHolder) ---------------------------------------------------------------------
     def _claim_rows(self, queue: str, limit: int, acked: list[int]) -> list[rows.Claimed]:

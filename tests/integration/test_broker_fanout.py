@@ -200,3 +200,38 @@ def test_a_sent_event_of_an_enqueue_inside_a_write_transaction_is_routed_without
     finally:
         user.dispose()
         app.close()
+
+
+def test_a_queue_first_declared_by_a_send_inside_a_write_transaction_binds_in_it(connect, db_url):
+    """A send inside ``celery_durable.transaction`` to a queue bound under another key declares it there and
+    then: the binding is written without waiting for the caller's write lock (SQLite's only one)."""
+    from celery import Celery
+
+    import celery_durable
+
+    feed = Queue("feed", Exchange("media", "direct"), routing_key="media.video")
+    app = Celery("bind-in-transaction", broker=f"durable+{db_url}", set_as_current=False)
+    celery_durable.install(app)
+    app.conf.update(durable_database_url=db_url)
+
+    @app.task(name="fanout.encode", shared=False)
+    def encode() -> None:
+        return None
+
+    user = sa.create_engine(db_url)
+    with user.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE fanout_videos (id INTEGER)"))
+    try:
+        with user.begin() as conn:
+            conn.execute(sa.text("INSERT INTO fanout_videos VALUES (1)"))  # the caller holds the write lock
+            with celery_durable.transaction(conn, app):
+                encode.apply_async(queue=feed)
+        assert _rows(db_url) == ["feed"]
+        assert _bindings(db_url) == [("media", "media.video", "feed")]
+        # Another process, which never declared the queue, routes by the recorded binding.
+        other = connect()
+        other.Producer().publish({"n": 2}, exchange=Exchange("media", "direct"), routing_key="media.video")
+        assert _rows(db_url) == ["feed", "feed"]
+    finally:
+        user.dispose()
+        app.close()
