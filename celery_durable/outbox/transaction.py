@@ -21,8 +21,8 @@ __all__ = ["broker_in_database", "connection_of", "transaction"]
 def transaction(session_or_connection: Session | Connection, app: Any = None) -> Iterator[Connection]:
     """Send every ``apply_async``/``delay``/canvas of the block inside the caller's open transaction.
 
-    Only on the PostgreSQL broker (``durable+postgresql://``) on the same database as
-    ``session_or_connection``: each message Celery publishes in this context (a task, a
+    Only on the broker that claims rows (``durable+postgresql://`` or ``durable+sqlite:///``) on
+    the same database as ``session_or_connection``: each message Celery publishes in this context (a task, a
     chain's first step, a group's members, a ``task-sent`` event) is inserted as a broker row
     through the caller's connection, visible when the caller commits and gone if it rolls
     back. Nothing is committed here. ``app`` defaults to Celery's current app.
@@ -40,7 +40,8 @@ def transaction(session_or_connection: Session | Connection, app: Any = None) ->
         broker = app.conf.broker_write_url or app.conf.broker_url
         if broker_database(_first(broker)) is None:
             raise TransactionUnsupported(
-                f"celery_durable.transaction() needs the PostgreSQL broker (durable+postgresql://...), "
+                f"celery_durable.transaction() needs the broker that claims rows (durable+postgresql://... "
+                f"or durable+sqlite:///...), "
                 f"the app's broker is {shown_url(str(_first(broker)))}: on this broker use "
                 f"celery_durable.outbox.enqueue(session, signature), which the relay publishes after commit",
                 setting="broker_url")
@@ -57,7 +58,7 @@ def transaction(session_or_connection: Session | Connection, app: Any = None) ->
 
 
 def broker_in_database(app: Any, conn: Connection) -> str | None:
-    """The database URL of ``app``'s PostgreSQL broker when ``conn`` is on that database; else None."""
+    """The database URL of ``app``'s rows broker (``durable+``) when ``conn`` is on that database; else None."""
     url = broker_database(_first(app.conf.broker_write_url or app.conf.broker_url))
     if url is None or database_identity(url) != database_identity(conn.engine.url):
         return None

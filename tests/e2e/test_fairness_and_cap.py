@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import ALL_BROKERS
 from tests.e2e.harness import wait_for
 
-# Redis, RabbitMQ and the PostgreSQL broker (durable+postgresql://): the same files, the same rules.
+# Redis, RabbitMQ and the broker that claims rows on PostgreSQL and SQLite (durable+…): the same files, the same rules.
 pytestmark = pytest.mark.parametrize("broker", ALL_BROKERS, indirect=True)
 
 
