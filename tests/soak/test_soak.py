@@ -138,16 +138,23 @@ def hold(seconds: float) -> None:
 
 @pytest.mark.soak
 @pytest.mark.timeout(SETTLE_DEADLINE + 900)
-@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq", "postgresql"])
 def test_soak_every_run_settles_once_through_kills_and_outages(durable_scenario, fault_proxy, broker_kind):
     s, url = durable_scenario("postgresql", broker_kind)
     store_proxy = fault_proxy(url)
-    broker_proxy = fault_proxy(s.broker_url)
+    if broker_kind == "postgresql":
+        # The broker that claims rows is the store's database: one proxy, so each outage is of both.
+        broker_proxy = store_proxy
+        workers_broker = f"durable+{store_proxy.url_for(url)}"
+    else:
+        broker_proxy = fault_proxy(s.broker_url)
+        workers_broker = broker_proxy.url_for(s.broker_url)
     # kombu's visibility timeout is left at its default (an hour): a killed worker's runs come back by
-    # liveness (Redis: its heartbeat stops; RabbitMQ: its connection), within 2 x the lease TTL.
+    # liveness (Redis: its heartbeat stops; RabbitMQ: its connection; the rows broker: the row's lease),
+    # within 2 x the lease TTL.
     settings = conf(store_proxy.url_for(url), durable_lease_ttl=LEASE_TTL, durable_relay=False,
                     durable_restore_interval=1.0)
-    fleet = Fleet(s, settings, broker_proxy.url_for(s.broker_url))
+    fleet = Fleet(s, settings, workers_broker)
     for execution in ("prefork", "threads", "prefork"):
         fleet.start(execution)
     for worker, _ in fleet.live:
