@@ -106,10 +106,11 @@ def click(browser: Any, selector: str) -> None:
     wait_for(lambda: on_page(browser, selector, lambda e: e.click() or True), timeout=10, what=f"a click on {selector}")
 
 
-def test_the_page_shows_the_fleet_live_and_requeues_a_dead_run_with_the_token(durable_scenario, browser):
+@pytest.mark.parametrize("broker_kind", ["redis", "postgresql"])
+def test_the_page_shows_the_fleet_live_and_requeues_a_dead_run_with_the_token(durable_scenario, browser, broker_kind):
     from selenium.webdriver.common.by import By
 
-    s, url = durable_scenario("postgresql", "redis")
+    s, url = durable_scenario("postgresql", broker_kind)
     celery_durable.install(s.producer)
     worker = s.worker(app=APP, conf=conf(url), concurrency=2).wait_ready()
     doomed = s.send_task("q", "durable.doomed", ["doomed"])

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests.conftest import ALL_BROKERS
 from tests.e2e.harness import wait_for
 
 
@@ -107,6 +108,7 @@ def test_a_message_handed_to_an_idle_worker_as_it_is_killed_is_run_by_another(sc
     assert [e["id"] for e in ended] == [task_id]
 
 
+@pytest.mark.parametrize("broker", ALL_BROKERS, indirect=True)
 def test_sigterm_lets_held_runs_finish_and_leaves_the_rest_in_the_broker(scenario):
     s = scenario(["q"])
     for i in range(8):
@@ -120,6 +122,7 @@ def test_sigterm_lets_held_runs_finish_and_leaves_the_rest_in_the_broker(scenari
     assert s.broker_depth("q") == 8 - started_at_term
 
 
+@pytest.mark.parametrize("broker", ALL_BROKERS, indirect=True)
 @pytest.mark.parametrize("acks_late", [True, False], ids=["acks_late", "early_ack"])
 def test_sigterm_deadline_hands_unfinished_runs_back_without_burning_an_attempt(scenario, acks_late):
     s = scenario(["q"])
