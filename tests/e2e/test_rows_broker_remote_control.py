@@ -34,6 +34,8 @@ def test_a_durable_worker_answers_inspect_and_control_takes_a_revoke_and_sends_t
                      what="b among the active queues", every=0.2)
             assert control(s, worker, "pool_grow", n=1).get("ok")
             worker.wait_durable(lambda d: d["capacity"] == 3, timeout=10, what="capacity 3 after pool_grow")
+            assert control(s, worker, "pool_shrink", n=1).get("ok")
+            worker.wait_durable(lambda d: d["capacity"] == 2, timeout=10, what="capacity 2 after pool_shrink")
 
             # A countdown rides the row's visible_at: the worker learns of the revoke by broadcast before
             # the row is due, and discards it when it claims it.
