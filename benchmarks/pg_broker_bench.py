@@ -164,9 +164,33 @@ def _worker(broker_url: str, queues: list[str], argv: list[str], conf: dict[str,
         worker.wait(timeout=60)
 
 
+@contextmanager
+def _monitor(app: object, enabled: bool) -> Iterator[list[int]]:
+    """With ``enabled``, a task-event receiver on the broker (what ``celery events`` or Flower runs) for the
+    block; yields the count of events it heard, in a one-element list."""
+    heard = [0]
+    if not enabled:
+        yield heard
+        return
+
+    def count(_event: dict[str, object]) -> None:
+        heard[0] += 1
+
+    with app.connection_for_read() as conn:  # type: ignore[attr-defined]
+        receiver = app.events.Receiver(conn, handlers={"*": count})  # type: ignore[attr-defined]
+        thread = threading.Thread(target=receiver.capture, kwargs={"limit": None, "timeout": None}, daemon=True)
+        thread.start()
+        try:
+            yield heard
+        finally:
+            receiver.should_stop = True
+            thread.join(timeout=10)
+
+
 def worker_throughput(broker_url: str, queues: list[str], count: int, argv: list[str],
-                      conf: dict[str, object]) -> float:
-    """``count`` no-ops pre-loaded on the last of ``queues``, then one worker on all of them: tasks/s."""
+                      conf: dict[str, object], events: bool = False) -> float:
+    """``count`` no-ops pre-loaded on the last of ``queues``, then one worker on all of them: tasks/s. With
+    ``events``: the worker runs with ``-E`` and a monitor hears its task events meanwhile."""
     import redis
     from celery import Celery
 
@@ -177,13 +201,16 @@ def worker_throughput(broker_url: str, queues: list[str], count: int, argv: list
         for _ in range(count):
             producer.send_task("bench.noop", args=[key], queue=queues[-1], producer=pub)
     try:
-        with _worker(broker_url, queues, argv, conf, key) as (worker, log):
+        with _monitor(producer, events) as heard, \
+                _worker(broker_url, queues, [*argv, "-E"] if events else argv, conf, key) as (worker, log):
             deadline = time.monotonic() + 60 + count / 20
             while int(observer.get(f"{key}:n") or 0) < count:
                 if worker.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the worker did not run {count} tasks: see {log}")
                 time.sleep(0.1)
             seconds = float(observer.get(f"{key}:last")) - float(observer.get(f"{key}:first"))  # type: ignore[arg-type]
+            if events and heard[0] < count:
+                raise RuntimeError(f"the monitor heard {heard[0]} events for {count} tasks")
             return count / seconds
     finally:
         observer.delete(f"{key}:n", f"{key}:first", f"{key}:last")
@@ -282,7 +309,7 @@ def statements_per_pass(db_url: str, queues: list[str]) -> int:
 
 
 def workers(pg_url: str, count: int, rounds: int, pickups: int, untouched: bool = False,
-            worker_vacuum: int | None = None) -> None:
+            worker_vacuum: int | None = None, events: bool = False) -> None:
     """Each round runs every side once, back to back (Redis, this broker, this broker on 200 queues)."""
     tag = uuid.uuid4().hex[:6]
     one = [f"pgb-{tag}-one"]
@@ -302,7 +329,7 @@ def workers(pg_url: str, count: int, rounds: int, pickups: int, untouched: bool 
             for url, queues in sides[turn:] + sides[:turn]:
                 if url == pg_url and not untouched:
                     vacuum(pg_url.removeprefix("durable+"))
-                rates[id(queues)] = worker_throughput(url, queues, count, argv, conf)
+                rates[id(queues)] = worker_throughput(url, queues, count, argv, conf, events)
             redis_rate, pg_rate, pg_many = (rates[id(queues)] for _, queues in sides)
             print(f"{name}, {count} no-ops: Redis {redis_rate:,.0f}/s; PostgreSQL broker {pg_rate:,.0f}/s "
                   f"({pg_rate / redis_rate:.2f}x Redis); work on the last of 200 queues {pg_many:,.0f}/s "
@@ -333,6 +360,8 @@ def main() -> None:
                         help="no VACUUM of the broker's table before each side: the workers' own vacuum alone")
     parser.add_argument("--worker-vacuum", type=int, default=None, metavar="DEAD_ROWS",
                         help="the workers' durable_broker_vacuum_dead_rows (0: none; default: the setting's)")
+    parser.add_argument("--events", action="store_true",
+                        help="workers with -E, and a task-event monitor on each side's broker meanwhile")
     args = parser.parse_args()
 
     register()
@@ -345,7 +374,7 @@ def main() -> None:
     try:
         ensure_schema(db)
         if args.workers_only:
-            workers(url, args.workers, args.rounds, args.pickups, args.untouched, args.worker_vacuum)
+            workers(url, args.workers, args.rounds, args.pickups, args.untouched, args.worker_vacuum, args.events)
             return
         with Connection(url) as conn:
             published = batch_publish(conn, args.messages, args.batch)
@@ -358,7 +387,7 @@ def main() -> None:
         print(f"idle pickup, publish -> delivery ({args.latency} samples, LISTEN/NOTIFY): "
               f"p50 {p50:.2f} ms, p99 {p99:.2f} ms")
         if args.workers:
-            workers(url, args.workers, args.rounds, args.pickups, args.untouched, args.worker_vacuum)
+            workers(url, args.workers, args.rounds, args.pickups, args.untouched, args.worker_vacuum, args.events)
     finally:
         dispose_all()
         with admin.connect() as c:

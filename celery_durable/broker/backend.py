@@ -37,8 +37,16 @@ class PgRows(RowHolder):
             # Inside celery_durable.transaction(): the caller's transaction decides whether they are sent.
             binding.insert(self.url, outgoing)
             return
-        with self.engine.begin() as conn:
-            rows.insert(conn, outgoing)
+        persistent = [message for message in outgoing if not rows.is_transient(message.payload)]
+        transient = [message for message in outgoing if rows.is_transient(message.payload)]
+        if persistent:
+            with self.engine.begin() as conn:
+                rows.insert(conn, persistent)
+        if transient:
+            # Task events, remote control (delivery_mode 1): kept through a process crash, not a database
+            # crash — RabbitMQ's rule for a transient message — so its commit does not wait for the WAL flush.
+            with self.lazy.begin() as conn:
+                rows.insert(conn, transient)
 
     # -- the statements (RowHolder) ---------------------------------------------------------------------
     def _claim_rows(self, queue: str, limit: int, acked: list[int]) -> list[rows.Claimed]:

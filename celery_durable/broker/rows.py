@@ -294,6 +294,17 @@ def size(engine: Engine, queue: str) -> int:
     return int(found or 0)
 
 
+#: kombu's delivery mode of a message its sender may lose in a broker crash (AMQP's non-persistent).
+TRANSIENT_DELIVERY_MODE = 1
+
+
+def is_transient(payload: dict[str, Any]) -> bool:
+    """Whether the kombu message ``payload`` was sent transient (``delivery_mode`` 1: Celery's events, its
+    remote-control messages); persistent (2) is Celery's default for tasks."""
+    properties = payload.get("properties")
+    return isinstance(properties, dict) and properties.get("delivery_mode") == TRANSIENT_DELIVERY_MODE
+
+
 def readiness(engine: Engine, queue: str) -> tuple[int, float | None]:
     """(ready rows of ``queue``, seconds the oldest of them has been ready or None if none is): what the
     queue gauges read, in the database's clock. Ready since the latest of its enqueue, its delay, and the

@@ -187,7 +187,9 @@ def lazy_commit(engine: Engine) -> Engine:
     For statements whose loss in a database crash is harmless and redone (the
     broker's claims, acks and lease renewals: a claim forgotten leaves its
     row ready; an ack or a renewal forgotten hands the row out again once its
-    lease lapses, at least once as on every broker). Never for a publish or a
+    lease lapses, at least once as on every broker), and a transient publish
+    (``delivery_mode`` 1: Celery's task events and remote-control messages, which
+    RabbitMQ keeps in memory only). Never for a persistent publish or a
     checkpoint. Waiting for the flush is most of a one-row DELETE's cost.
     """
     url = engine.url.render_as_string(hide_password=False)

@@ -301,7 +301,10 @@ def test_a_busy_claimer_leaves_out_queues_known_empty_until_a_notify_names_one_o
     from celery_durable.worker.held_runs import HeldRuns
 
     register()
-    names = [f"q{i:03d}" for i in range(20)]
+    # Names of this test's own: NOTIFY is database-wide, and another test's publish to a "q003" in its own
+    # schema of the same database would name a queue of this one.
+    prefix = f"busy-{uuid.uuid4().hex[:6]}-"
+    names = [f"{prefix}q{i:03d}" for i in range(20)]
     queues = [Queue(name, Exchange(name), name) for name in names]
     engine = ensure_schema(db_url)
     clock = FakeClock(monotonic=100.0)
@@ -351,45 +354,46 @@ def test_a_busy_claimer_leaves_out_queues_known_empty_until_a_notify_names_one_o
             claimer.run_pass()
             return str(json.loads(got[-1].body)["q"]) if len(got) > before else ""
 
-        publish("q019", 50)
+        publish(prefix + "q019", 50)
         try:
             claimer.start()  # nothing known yet: a full pass
             assert asked[-1] == 20 and len(got) == 1
-            assert next_run() == "q019" and asked[-1] == 1  # q000..q018 proved empty: left out
-            assert next_run() == "q019" and asked[-1] == 1
+            assert next_run() == prefix + "q019" and asked[-1] == 1  # q000..q018 proved empty: left out
+            assert next_run() == prefix + "q019" and asked[-1] == 1
 
-            publish("q005", 1)
+            publish(prefix + "q005", 1)
             # Back in the next pass, in its turn after the cursor (q019): before q019.
-            assert next_run() == "q005" and asked[-1] == 2
+            assert next_run() == prefix + "q005" and asked[-1] == 2
             # q005 gave all it was asked (one): not known empty until a pass asks it and it gives less.
-            assert next_run() == "q019" and asked[-1] == 2  # room ran out at q019: q005 not asked
-            assert next_run() == "q019" and asked[-1] == 2  # q005 asked first, gave nothing
-            assert next_run() == "q019" and asked[-1] == 1
+            assert next_run() == prefix + "q019" and asked[-1] == 2  # room ran out at q019: q005 not asked
+            assert next_run() == prefix + "q019" and asked[-1] == 2  # q005 asked first, gave nothing
+            assert next_run() == prefix + "q019" and asked[-1] == 1
 
             # A message on q003 taken by a holder that dies: its NOTIFY put q003 back in a pass, which
             # found it held and left it out again. Its lease lapses with no NOTIFY.
-            publish("q003", 1)
-            assert rows.claim(engine, "q003", 1, "dies", DYING_TTL)
-            assert next_run() == "q019" and asked[-1] == 2
+            publish(prefix + "q003", 1)
+            assert rows.claim(engine, prefix + "q003", 1, "dies", DYING_TTL)
+            assert next_run() == prefix + "q019" and asked[-1] == 2
             with engine.connect() as c:
                 lapsed = sa.text("SELECT count(*) FROM durable_broker_messages "
-                                 "WHERE queue = 'q003' AND lease_expires_at < clock_timestamp()")
+                                 "WHERE queue = :q AND lease_expires_at < clock_timestamp()")
                 deadline = time.monotonic() + 10
-                while not c.execute(lapsed).scalar():
+                while not c.execute(lapsed, {"q": prefix + "q003"}).scalar():
                     assert time.monotonic() < deadline, "the dying holder's lease never lapsed"
                     time.sleep(0.05)
             # Ready again, and no NOTIFY said so: left out while the full pass's proof is young ...
             clock.advance(KNOWN_EMPTY_FOR / 2)
-            assert next_run() == "q019" and asked[-1] == 1
+            assert next_run() == prefix + "q019" and asked[-1] == 1
             # ... taken, in its turn, by the full pass once the proof has aged.
             clock.advance(KNOWN_EMPTY_FOR)
-            assert next_run() == "q003" and asked[-1] == 20
+            assert next_run() == prefix + "q003" and asked[-1] == 20
 
             # q019 emptied behind the claimer's back (no NOTIFY): the narrowed pass finds nothing and
             # still has room, so a full pass follows at once, not an idle wait.
-            assert next_run() == "q019" and asked[-1] < 20
+            assert next_run() == prefix + "q019" and asked[-1] < 20
             with engine.begin() as c:
-                c.execute(sa.text("DELETE FROM durable_broker_messages WHERE queue = 'q019' AND holder IS NULL"))
+                c.execute(sa.text("DELETE FROM durable_broker_messages WHERE queue = :q AND holder IS NULL"),
+                          {"q": prefix + "q019"})
             assert next_run() == "" and asked[-1] < 20
             assert len(scheduled) == 1
             scheduled.pop()()
