@@ -9,6 +9,7 @@ from typing import Any
 from celery_durable.broker import in_transaction, rows, vacuum
 from celery_durable.broker.claim_connection import ClaimConnection
 from celery_durable.broker.holder import Bury, RowHolder
+from celery_durable.broker.transient import TransientSender
 from celery_durable.store.engine import autocommit, ensure_schema, lazy_commit
 from celery_durable.store.notify import Waker
 
@@ -29,6 +30,7 @@ class PgRows(RowHolder):
         self._vacuum_dead_rows = vacuum_dead_rows
         self._vacuum: vacuum.TableVacuum | None = None
         self._waker: Waker | None = None
+        self._transient = TransientSender(self._insert_transient)
 
     def publish(self, items: Sequence[tuple[str, dict[str, Any], int, float]]) -> None:
         outgoing = [rows.Outgoing(queue, payload, priority, delay) for queue, payload, priority, delay in items]
@@ -43,10 +45,15 @@ class PgRows(RowHolder):
             with self.engine.begin() as conn:
                 rows.insert(conn, persistent)
         if transient:
-            # Task events, remote control (delivery_mode 1): kept through a process crash, not a database
-            # crash — RabbitMQ's rule for a transient message — so its commit does not wait for the WAL flush.
-            with self.lazy.begin() as conn:
-                rows.insert(conn, transient)
+            # Task events, remote control (delivery_mode 1): from a thread of their own, in batches
+            # (broker/transient.py).
+            self._transient.send(transient)
+
+    def _insert_transient(self, messages: Sequence[rows.Outgoing]) -> None:
+        # Kept through a process crash, not a database crash — RabbitMQ's rule for a transient message —
+        # so the commit does not wait for the WAL flush.
+        with self.lazy.begin() as conn:
+            rows.insert(conn, messages)
 
     # -- the statements (RowHolder) ---------------------------------------------------------------------
     def _claim_rows(self, queue: str, limit: int, acked: list[int]) -> list[rows.Claimed]:
@@ -119,6 +126,7 @@ class PgRows(RowHolder):
         self._wakeups().wake()
 
     def close(self) -> None:
+        self._transient.flush()
         if self._vacuum is not None:
             self._vacuum.leave()
             self._vacuum = None
