@@ -92,12 +92,22 @@ def runs_list(ctx: click.Context, states: tuple[str, ...], task: str | None, sin
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    for row in rows:
-        error = f"  {row['last_error'].splitlines()[0][:80]}" if row["last_error"] else ""
-        click.echo(f"{row['id']:<38} {row['state']:<10} {row['task']:<32} attempts {row['attempts']:<3} "
-                   f"updated {row['updated_at']}{error}")
+    for line in runs_table(rows):
+        click.echo(line)
     if not rows:
         click.echo("no run matches", err=True)
+
+
+def runs_table(rows: list[dict[str, Any]]) -> list[str]:
+    """``runs list`` as a table: a header row, then a run a line (its last error's first line, cut, at the end)."""
+    if not rows:
+        return []
+    lines = [f"{'ID':<38} {'STATE':<10} {'TASK':<32} {'ATTEMPTS':>8}  {'UPDATED':<32}  LAST ERROR"]
+    for row in rows:
+        error = row["last_error"].splitlines()[0][:80] if row["last_error"] else ""
+        lines.append(f"{row['id']:<38} {row['state']:<10} {row['task']:<32} {row['attempts']:>8}  "
+                     f"{row['updated_at']:<32}  {error}".rstrip())
+    return lines
 
 
 @runs_group.command(cls=CeleryCommand, name="show")

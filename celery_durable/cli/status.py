@@ -80,6 +80,7 @@ def fleet_snapshot(app: Any, url: str, timeout: float = 1.0) -> FleetSnapshot:
     try:
         dead = read_store(url, snapshot)
     except Exception as err:  # noqa: BLE001 - shown, and the exit status says so
+        snapshot.store_unread = True
         snapshot.problems.append(f"the store could not be read: {str(err).splitlines()[0]}")
     try:
         snapshot.workers = read_workers(app, timeout)

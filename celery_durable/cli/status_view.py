@@ -36,11 +36,17 @@ class FleetSnapshot:
     runs_by_state: dict[str, int] = field(default_factory=dict)
     outbox_backlog: int | None = None
     outbox_oldest_seconds: float | None = None
+    #: The store could not be read: no runs, outbox or dead-run counts to show (its problem line says why).
+    store_unread: bool = False
     #: What could not be read (the broker, the store), one line each: the rest is still shown.
     problems: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: Characters a queue's name takes in the QUEUES table (a longer one pushes its row's columns right).
+QUEUE_NAME_WIDTH = 30
 
 
 def render(snapshot: FleetSnapshot) -> str:
@@ -56,15 +62,18 @@ def render(snapshot: FleetSnapshot) -> str:
     if not snapshot.workers:
         lines.append("  (no -P durable worker answered)")
     lines.append("")
-    lines.append(f"QUEUES   {'depth':>8} {'oldest ready':>14} {'dead runs':>10}")
+    # The header's columns over the rows' (a row: two spaces and a 30-wide name before its depth).
+    lines.append(f"{'QUEUES':<{QUEUE_NAME_WIDTH + 2}} {'depth':>8} {'oldest ready':>14} {'dead runs':>10}")
     for queue in snapshot.queues:
         depth = "-" if queue.depth is None else str(queue.depth)
-        lines.append(f"  {queue.name:<30} {depth:>8} {_age(queue.oldest_ready_seconds):>14} {queue.dead_runs:>10}")
+        dead = "-" if snapshot.store_unread else str(queue.dead_runs)
+        lines.append(f"  {queue.name:<{QUEUE_NAME_WIDTH}} {depth:>8} {_age(queue.oldest_ready_seconds):>14} {dead:>10}")
     if not snapshot.queues:
         lines.append("  (no queue to show: no worker answered)")
     lines.append("")
-    states = "  ".join(f"{state} {count}" for state, count in sorted(snapshot.runs_by_state.items()))
-    lines.append(f"RUNS     {states or 'none'}")
+    if not snapshot.store_unread:  # else its "!" line is all there is to say about runs and the outbox
+        states = "  ".join(f"{state} {count}" for state, count in sorted(snapshot.runs_by_state.items()))
+        lines.append(f"RUNS     {states or 'none'}")
     if snapshot.outbox_backlog is not None:
         lines.append(f"OUTBOX   {snapshot.outbox_backlog} unpublished, oldest {_age(snapshot.outbox_oldest_seconds)}")
     for problem in snapshot.problems:

@@ -115,3 +115,11 @@ def test_the_manual_builds_strict(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stdout + built.stderr
     assert (tmp_path / "site" / "settings" / "index.html").exists()
+
+
+def test_the_testing_pages_example_is_the_example_apps_own_test():
+    # The snippet a user copies is the test the README's test command runs (examples/test_proj.py).
+    page = (DOCS / "testing.md").read_text()
+    snippet = page.split("```python\n", 1)[1].split("```", 1)[0]
+    example = (ROOT / "examples" / "test_proj.py").read_text()
+    assert snippet.strip() in example, "docs/testing.md's first example differs from examples/test_proj.py"

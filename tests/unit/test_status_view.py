@@ -28,3 +28,20 @@ def test_what_could_not_be_read_is_its_own_line_and_the_rest_still_shows():
     assert "(no -P durable worker answered)" in screen and "RUNS     dead 1" in screen
     assert screen.endswith("! the broker could not be read: refused")
     assert FleetSnapshot(problems=["x"]).as_json()["problems"] == ["x"]
+
+
+def test_the_queue_columns_sit_under_their_headers():
+    snapshot = FleetSnapshot(queues=[QueueView("reports", 1234, 65.0, 7)], runs_by_state={}, outbox_backlog=0)
+    header, row = [line for line in render(snapshot).splitlines() if "depth" in line or "reports" in line]
+    for title, value in (("depth", "1234"), ("oldest ready", "65.0s"), ("dead runs", "7")):
+        assert header.index(title) + len(title) == row.index(value) + len(value), (title, header, row)
+
+
+def test_a_store_that_could_not_be_read_shows_only_its_line_not_empty_runs():
+    snapshot = FleetSnapshot(queues=[QueueView("a", 3, 1.0, 0)], store_unread=True,
+                             problems=["the store could not be read: connection refused"])
+    screen = render(snapshot)
+    assert "RUNS" not in screen and "OUTBOX" not in screen
+    assert screen.splitlines()[-1] == "! the store could not be read: connection refused"
+    [row] = [line for line in screen.splitlines() if line.startswith("  a ")]
+    assert row.split()[-1] == "-"  # its dead runs are not known, not 0
