@@ -31,8 +31,10 @@ def read_workers(app: Any, timeout: float) -> list[WorkerView]:
         stats = reply.get("durable") if isinstance(reply, dict) else None
         if not stats:
             continue  # a worker of another pool: no durable section
+        port = stats.get("metrics_port")
         workers.append(WorkerView(name, int(stats["in_flight"]), int(stats["capacity"]),
-                                  dict(stats.get("held_by_queue") or {}), dict(stats.get("queue_slots") or {})))
+                                  dict(stats.get("held_by_queue") or {}), dict(stats.get("queue_slots") or {}),
+                                  int(port) if port is not None else None))
     return workers
 
 

@@ -17,6 +17,8 @@ class WorkerView:
     capacity: int
     held_by_queue: dict[str, int]
     queue_slots: dict[str, int]
+    #: The port the node serves its metrics on, None when it serves none.
+    metrics_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,8 @@ def render(snapshot: FleetSnapshot) -> str:
     for worker in snapshot.workers:
         held = ", ".join(f"{queue} {worker.held_by_queue.get(queue, 0)}/{slots}"
                          for queue, slots in sorted(worker.queue_slots.items()))
-        lines.append(f"  {worker.name:<40} {worker.in_flight:>4}/{worker.capacity:<4} {held}")
+        metrics = f"  metrics :{worker.metrics_port}" if worker.metrics_port is not None else ""
+        lines.append(f"  {worker.name:<40} {worker.in_flight:>4}/{worker.capacity:<4} {held}{metrics}")
     if not snapshot.workers:
         lines.append("  (no -P durable worker answered)")
     lines.append("")

@@ -72,6 +72,12 @@ def bind(host: str, port: MetricsPort) -> int:
     raise AssertionError("unreachable: a range holds at least one port")  # pragma: no cover
 
 
+def served_port() -> int | None:
+    """The port this process serves its metrics on (the one a range gave it), or None when it serves none."""
+    with _server_lock:
+        return None if _served_on is None else _served_on[1]
+
+
 def _bind_failed(host: str, first: int, last: int, port: int, err: OSError) -> str:
     reason = err.strerror or str(err)
     if first == last:

@@ -24,6 +24,7 @@ from celery_durable.compat.request import skip_ack, was_acknowledged
 from celery_durable.config import DurableConfig
 from celery_durable.limits.fleet import FleetLimits
 from celery_durable.limits.gate import LimitGate
+from celery_durable.metrics.registry import served_port
 from celery_durable.planning.capacity import capacity
 from celery_durable.worker.claim_stats import ClaimStats
 from celery_durable.worker.claimer import Claimer
@@ -363,4 +364,6 @@ class WorkerRuntime:
             "leases": self.gate.held() if self.gate is not None else {},
             "limits_waited": self.gate.waited if self.gate is not None else 0,
             "limits_dropped": self.gate.dropped if self.gate is not None else 0,
+            # The port this node took from durable_metrics_port (a range gives each node its own): None if none.
+            "metrics_port": served_port(),
         }

@@ -182,6 +182,9 @@ def test_two_workers_given_one_port_range_each_serve_metrics_on_a_port_of_it(sce
     second = s.worker(conf={"durable_metrics_port": span, "durable_max_in_flight": 2}).wait_ready()
     served = {serving_port(first), serving_port(second)}
     assert served == {ports[0], ports[1]}
+    # The port each node took is in its inspect stats (and so in durable status), not only in its INFO log.
+    for worker in (first, second):
+        assert worker.durable_stats()["metrics_port"] == serving_port(worker)
     # Each endpoint is its own worker's: capacities 1 and 2.
     capacities = sorted(re.search(r"^job_worker_capacity (\S+)$", metrics_text(p), re.MULTILINE).group(1)
                         for p in served)

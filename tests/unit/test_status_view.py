@@ -45,3 +45,9 @@ def test_a_store_that_could_not_be_read_shows_only_its_line_not_empty_runs():
     assert screen.splitlines()[-1] == "! the store could not be read: connection refused"
     [row] = [line for line in screen.splitlines() if line.startswith("  a ")]
     assert row.split()[-1] == "-"  # its dead runs are not known, not 0
+
+
+def test_a_worker_serving_metrics_shows_its_port():
+    snapshot = FleetSnapshot(workers=[WorkerView("w1@h", 0, 2, {}, {"a": 2}, 9101), WorkerView("w2@h", 0, 2, {}, {})])
+    lines = render(snapshot).splitlines()
+    assert lines[1].endswith("metrics :9101") and "metrics" not in lines[2]

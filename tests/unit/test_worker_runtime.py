@@ -609,6 +609,7 @@ def test_stats_report_the_claim_state(connection, make_worker):
         "leases": {},  # no task declares a fleet limit: no gate
         "limits_waited": 0,
         "limits_dropped": 0,
+        "metrics_port": None,  # this process serves no metrics
     }
 
 
