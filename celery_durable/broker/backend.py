@@ -39,8 +39,10 @@ class PgRows(RowHolder):
             # Inside celery_durable.transaction(): the caller's transaction decides whether they are sent.
             binding.insert(self.url, outgoing)
             return
-        persistent = [message for message in outgoing if not rows.is_transient(message.payload)]
-        transient = [message for message in outgoing if rows.is_transient(message.payload)]
+        persistent: list[rows.Outgoing] = []
+        transient: list[rows.Outgoing] = []
+        for message in outgoing:
+            (transient if rows.is_transient(message.payload) else persistent).append(message)
         if persistent:
             with self.engine.begin() as conn:
                 rows.insert(conn, persistent)

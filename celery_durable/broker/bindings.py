@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from celery_durable.compat.virtual_rows import Binding, Meta
+from celery_durable.compat.row_exchanges import Binding, Meta
 from celery_durable.store.engine import autocommit
 
 #: The database's clock in epoch seconds, per backend.

@@ -13,14 +13,16 @@ import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
 
 from celery_durable.broker import bindings, rows
 from celery_durable.broker.dead_letters import PARK, Burial
 from celery_durable.broker.leases import Heartbeat, RowLeaseKeeper
-from celery_durable.compat.virtual_rows import Binding, Meta
+from celery_durable.compat.row_exchanges import Binding, Meta
+
+T = TypeVar("T")
 
 #: Decides what a claim does with a row whose holders died (``dead_letters.bury``); None: deliver it.
 Bury = Callable[[str, dict[str, Any], int], Burial | None]
@@ -85,13 +87,18 @@ class RowHolder(ABC):
         """What the backend adds once its connection holds rows (the keeper already runs)."""
 
     # -- the RowBackend protocol's share ------------------------------------------------------------------
-    def claim(self, queue: str, limit: int) -> list[dict[str, Any]]:
+    def _with_acks(self, statement: Callable[[list[int]], T]) -> T:
+        """Run a claim ``statement`` carrying this holder's acks since the last one; they are kept for the
+        next statement if it fails."""
         acked = self._take_acks()
         try:
-            taken = self._claim_rows(queue, limit, acked)
+            return statement(acked)
         except BaseException:
             self._return_acks(acked)
             raise
+
+    def claim(self, queue: str, limit: int) -> list[dict[str, Any]]:
+        taken = self._with_acks(lambda acked: self._claim_rows(queue, limit, acked))
         if taken:
             self._holding()
         return [delivered(row) for row in self._live(taken)]
@@ -100,13 +107,7 @@ class RowHolder(ABC):
         """Claim and delete at once, for a consumer without acks (a pidbox, a reply queue, an event receiver):
         nothing stays held, so no heartbeat starts for it. A process that dies in between leaves the rows
         to come back one lease later."""
-        acked = self._take_acks()
-        try:
-            taken = self._claim_rows(queue, limit, acked)
-        except BaseException:
-            self._return_acks(acked)
-            raise
-        live = self._live(taken)
+        live = self._live(self._with_acks(lambda acked: self._claim_rows(queue, limit, acked)))
         if live:
             self._delete_rows([row.id for row in live])
         return [delivered(row) for row in live]
@@ -114,12 +115,7 @@ class RowHolder(ABC):
     def claim_pass(self, queues: Sequence[str], free: Sequence[int],
                    room: int | None) -> list[tuple[str, int, int, list[dict[str, Any]]]]:
         """A whole claim pass: each ask that took rows as (queue, count, taken, payloads)."""
-        acked = self._take_acks()
-        try:
-            asks = self._claim_pass_rows(queues, free, room, acked)
-        except BaseException:
-            self._return_acks(acked)
-            raise
+        asks = self._with_acks(lambda acked: self._claim_pass_rows(queues, free, room, acked))
         if asks:
             self._holding()
         return [(ask.queue, ask.count, ask.taken, [delivered(row) for row in self._live(ask.claimed)])

@@ -24,7 +24,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from celery_durable.broker import rows, sqlite_rows
+from celery_durable.broker import rows
+from celery_durable.broker.in_transaction import insert
 from celery_durable.compat.virtual_rows import delivery_delay
 from celery_durable.store.engine import database_identity, ensure_schema
 
@@ -101,11 +102,11 @@ def migrate(source_url: str, target_url: str, *, queues: Sequence[str] = (), inc
                 ids.append(row.id)
             if one_database:
                 with target.begin() as conn:
-                    _insert(conn, outgoing)
+                    insert(conn, outgoing)
                     old.delete(conn, ids)
             else:
                 with target.begin() as conn:
-                    _insert(conn, outgoing)
+                    insert(conn, outgoing)
                 with source.begin() as conn:
                     old.delete(conn, ids)
             for message in outgoing:
@@ -117,13 +118,6 @@ def migrate(source_url: str, target_url: str, *, queues: Sequence[str] = (), inc
         if source is not target:
             source.dispose()
     return moved
-
-
-def _insert(conn: Connection, outgoing: Sequence[rows.Outgoing]) -> None:
-    if conn.dialect.name == "sqlite":
-        sqlite_rows.insert(conn, outgoing)
-    else:
-        rows.insert(conn, outgoing)
 
 
 @dataclass(frozen=True)
@@ -141,17 +135,10 @@ class _OldTables:
     def waiting(self, conn: Connection, after: int, names: Sequence[str], include_taken: bool,
                 limit: int) -> list[Any]:
         query = (f"SELECT m.id AS id, q.name AS queue, m.payload AS payload FROM {self.messages} m "
-                 f"JOIN {self.queues} q ON q.id = m.queue_id WHERE m.id > :after")
-        if not include_taken:
-            query += " AND m.visible = :visible"
-        if names:
-            query += " AND q.name IN :names"
-        statement = sa.text(query + " ORDER BY m.id LIMIT :limit")
-        params: dict[str, Any] = {"after": after, "limit": limit, "visible": True}
-        if names:
-            statement = statement.bindparams(sa.bindparam("names", expanding=True))
-            params["names"] = list(names)
-        return list(conn.execute(statement, params))
+                 f"JOIN {self.queues} q ON q.id = m.queue_id WHERE m.id > :after"
+                 + ("" if include_taken else " AND m.visible = :visible"))
+        statement, params = _of_queues(query, names, " ORDER BY m.id LIMIT :limit")
+        return list(conn.execute(statement, {**params, "after": after, "limit": limit, "visible": True}))
 
     def delete(self, conn: Connection, ids: Sequence[int]) -> None:
         if ids:
@@ -159,11 +146,14 @@ class _OldTables:
                          .bindparams(sa.bindparam("ids", expanding=True)), {"ids": list(ids)})
 
     def taken(self, conn: Connection, names: Sequence[str]) -> int:
-        query = (f"SELECT count(*) FROM {self.messages} m JOIN {self.queues} q ON q.id = m.queue_id "
-                 "WHERE m.visible = :visible")
-        statement = sa.text(query + (" AND q.name IN :names" if names else ""))
-        params: dict[str, Any] = {"visible": False}
-        if names:
-            statement = statement.bindparams(sa.bindparam("names", expanding=True))
-            params["names"] = list(names)
-        return int(conn.execute(statement, params).scalar() or 0)
+        statement, params = _of_queues(f"SELECT count(*) FROM {self.messages} m JOIN {self.queues} q "
+                                       "ON q.id = m.queue_id WHERE m.visible = :visible", names)
+        return int(conn.execute(statement, {**params, "visible": False}).scalar() or 0)
+
+
+def _of_queues(query: str, names: Sequence[str], tail: str = "") -> tuple[sa.TextClause, dict[str, Any]]:
+    """``query`` narrowed to the queues ``names`` (all when empty), the names a bound parameter."""
+    if not names:
+        return sa.text(query + tail), {}
+    statement = sa.text(query + " AND q.name IN :names" + tail).bindparams(sa.bindparam("names", expanding=True))
+    return statement, {"names": list(names)}

@@ -16,7 +16,7 @@ from typing import Any
 
 from celery_durable.broker import bindings, in_transaction, rows, sqlite_rows
 from celery_durable.broker.holder import Bury, RowHolder
-from celery_durable.compat.virtual_rows import Binding
+from celery_durable.compat.row_exchanges import Binding
 from celery_durable.store.engine import autocommit, ensure_schema
 
 #: Seconds between two polls of an idle consumer's queues: the most a new row waits for a worker that is idle.

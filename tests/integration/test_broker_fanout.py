@@ -9,37 +9,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from kombu import Connection, Consumer, Exchange, Queue
 
-from celery_durable.broker import register
 from celery_durable.store.engine import autocommit, ensure_schema
-from tests.stores import fresh_store
 
 BROADCAST = Exchange("ctl.pidbox", "fanout", durable=False, auto_delete=True)
 REPLY = Exchange("reply.ctl.pidbox", "direct", durable=False, auto_delete=True)
 EVENTS = Exchange("ev", "topic", durable=False)
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    register()
-    with fresh_store(request.param, tmp_path) as url:
-        ensure_schema(url)
-        yield url
-
-
 @pytest.fixture
-def connect(db_url: str) -> Iterator[Callable[[], Connection]]:
+def connect(broker_db: str) -> Iterator[Callable[[], Connection]]:
     """A new kombu connection to the broker: a process of its own as far as bindings go."""
     opened: list[Connection] = []
 
     def open_one() -> Connection:
-        connection = Connection(f"durable+{db_url}", transport_options={"durable_lease_ttl": 3.0})
+        connection = Connection(f"durable+{broker_db}", transport_options={"durable_lease_ttl": 3.0})
         connection.connect()
         opened.append(connection)
         return connection
@@ -49,15 +38,15 @@ def connect(db_url: str) -> Iterator[Callable[[], Connection]]:
         connection.release()
 
 
-def _bindings(db_url: str) -> list[tuple[str, str, str]]:
-    with autocommit(ensure_schema(db_url)).connect() as conn:
+def _bindings(broker_db: str) -> list[tuple[str, str, str]]:
+    with autocommit(ensure_schema(broker_db)).connect() as conn:
         return [tuple(row) for row in conn.execute(sa.text(
             "SELECT exchange, routing_key, queue FROM durable_broker_bindings ORDER BY queue"))]
 
 
-def _rows(db_url: str) -> list[str]:
+def _rows(broker_db: str) -> list[str]:
     # A read that takes no lock (the store's engine begins each transaction IMMEDIATE on SQLite).
-    with autocommit(ensure_schema(db_url)).connect() as conn:
+    with autocommit(ensure_schema(broker_db)).connect() as conn:
         return [row.queue for row in conn.execute(sa.text("SELECT queue FROM durable_broker_messages ORDER BY id"))]
 
 
@@ -71,7 +60,7 @@ def _flush_acks(connection: Connection) -> None:
     connection.default_channel.connection.rows.flush_acks()
 
 
-def test_a_broadcast_reaches_the_queues_every_other_connection_bound_once_each(connect, db_url):
+def test_a_broadcast_reaches_the_queues_every_other_connection_bound_once_each(connect, broker_db):
     workers = [connect(), connect()]
     queues = [Queue(f"w{i}.ctl.pidbox", BROADCAST, expires=10.0, durable=False, auto_delete=True) for i in (1, 2)]
     for worker, queue in zip(workers, queues):
@@ -82,7 +71,7 @@ def test_a_broadcast_reaches_the_queues_every_other_connection_bound_once_each(c
     assert [_body(worker, queue) for worker, queue in zip(workers, queues)] == [None, None]
 
 
-def test_a_reply_reaches_the_key_only_the_asking_connection_bound(connect, db_url):
+def test_a_reply_reaches_the_key_only_the_asking_connection_bound(connect, broker_db):
     client = connect()
     reply_queue = Queue("oid-1.reply.ctl.pidbox", REPLY, routing_key="oid-1", expires=10.0, auto_delete=True)
     reply_queue(client.default_channel).declare()
@@ -93,10 +82,10 @@ def test_a_reply_reaches_the_key_only_the_asking_connection_bound(connect, db_ur
     _flush_acks(client)
     # A key nobody bound routes nowhere, as RabbitMQ drops an unroutable message.
     worker.Producer().publish({"ok": "lost"}, exchange=REPLY, routing_key="oid-unknown", declare=[REPLY])
-    assert _rows(db_url) == []
+    assert _rows(broker_db) == []
 
 
-def test_every_monitor_bound_to_a_topic_gets_each_event(connect, db_url):
+def test_every_monitor_bound_to_a_topic_gets_each_event(connect, broker_db):
     monitors = [connect(), connect()]
     queues = [Queue(f"ev.m{i}", EVENTS, routing_key="#", expires=60.0, auto_delete=True) for i in (1, 2)]
     for monitor, queue in zip(monitors, queues):
@@ -113,27 +102,27 @@ def test_every_monitor_bound_to_a_topic_gets_each_event(connect, db_url):
     assert _body(emitter, gossip) == {"type": "worker-heartbeat"}
 
 
-def test_a_task_queue_under_its_own_name_records_no_shared_binding(connect, db_url):
+def test_a_task_queue_under_its_own_name_records_no_shared_binding(connect, broker_db):
     producer = connect()
     tasks = Queue("default", Exchange("default"), routing_key="default")
     producer.Producer().publish({"task": 1}, exchange=tasks.exchange, routing_key="default", declare=[tasks])
-    assert _bindings(db_url) == []
-    assert _rows(db_url) == ["default"]
+    assert _bindings(broker_db) == []
+    assert _rows(broker_db) == ["default"]
 
 
-def test_a_queue_nobody_consumes_past_its_expiry_loses_its_binding_and_its_messages(connect, db_url):
+def test_a_queue_nobody_consumes_past_its_expiry_loses_its_binding_and_its_messages(connect, broker_db):
     gone_worker, live_worker, client = connect(), connect(), connect()
     stale = Queue("gone.ctl.pidbox", BROADCAST, expires=0.5, auto_delete=True)
     live = Queue("live.ctl.pidbox", BROADCAST, expires=0.5, auto_delete=True)
     stale(gone_worker.default_channel).declare()
     client.Producer().publish({"n": 1}, exchange=BROADCAST, declare=[BROADCAST])
-    assert sorted(_rows(db_url)) == ["gone.ctl.pidbox"]
+    assert sorted(_rows(broker_db)) == ["gone.ctl.pidbox"]
     # The live worker consumes its queue: its drain refreshes its binding and drops the lapsed one.
     received: list[Any] = []
     with Consumer(live_worker, [live], callbacks=[lambda body, message: received.append(body)], no_ack=True):
         deadline = time.monotonic() + 10
-        while ("gone.ctl.pidbox" in {q for _, _, q in _bindings(db_url)} or "gone.ctl.pidbox" in _rows(db_url)):
-            assert time.monotonic() < deadline, f"the lapsed binding stayed: {_bindings(db_url)}"
+        while ("gone.ctl.pidbox" in {q for _, _, q in _bindings(broker_db)} or "gone.ctl.pidbox" in _rows(broker_db)):
+            assert time.monotonic() < deadline, f"the lapsed binding stayed: {_bindings(broker_db)}"
             try:
                 live_worker.drain_events(timeout=0.2)
             except TimeoutError:
@@ -147,10 +136,10 @@ def test_a_queue_nobody_consumes_past_its_expiry_loses_its_binding_and_its_messa
             except TimeoutError:
                 pass
     assert received == [{"n": 2}]
-    assert [q for _, _, q in _bindings(db_url)] == ["live.ctl.pidbox"]
+    assert [q for _, _, q in _bindings(broker_db)] == ["live.ctl.pidbox"]
 
 
-def test_a_consumer_without_acks_leaves_no_row_behind_and_a_deleted_queue_no_binding(connect, db_url):
+def test_a_consumer_without_acks_leaves_no_row_behind_and_a_deleted_queue_no_binding(connect, broker_db):
     client, worker = connect(), connect()
     reply_queue = Queue("oid-2.reply.ctl.pidbox", REPLY, routing_key="oid-2", expires=10.0, auto_delete=True)
     bound = reply_queue(client.default_channel)
@@ -161,12 +150,12 @@ def test_a_consumer_without_acks_leaves_no_row_behind_and_a_deleted_queue_no_bin
         client.drain_events(timeout=5)
     assert received == [{"ok": 1}]
     _flush_acks(client)
-    assert _rows(db_url) == []
+    assert _rows(broker_db) == []
     bound.delete()
-    assert _bindings(db_url) == []
+    assert _bindings(broker_db) == []
 
 
-def test_a_sent_event_of_an_enqueue_inside_a_write_transaction_is_routed_without_waiting_for_it(connect, db_url):
+def test_a_sent_event_of_an_enqueue_inside_a_write_transaction_is_routed_without_waiting_for_it(connect, broker_db):
     """``task_send_sent_event`` with ``outbox.enqueue``: the event is routed (a read of the shared bindings)
     while the caller's transaction holds SQLite's write lock, and goes out with the task on commit."""
     from celery import Celery
@@ -178,23 +167,23 @@ def test_a_sent_event_of_an_enqueue_inside_a_write_transaction_is_routed_without
     events = Queue("celeryev.monitor", Exchange("celeryev", "topic", durable=True), routing_key="#",
                    expires=60.0, auto_delete=True)
     events(monitor.default_channel).declare()
-    app = Celery("sent-events", broker=f"durable+{db_url}", set_as_current=False)
+    app = Celery("sent-events", broker=f"durable+{broker_db}", set_as_current=False)
     celery_durable.install(app)
-    app.conf.update(durable_database_url=db_url, task_send_sent_event=True)
+    app.conf.update(durable_database_url=broker_db, task_send_sent_event=True)
 
     @app.task(name="fanout.noop", shared=False)
     def noop() -> None:
         return None
 
-    user = sa.create_engine(db_url)
+    user = sa.create_engine(broker_db)
     with user.begin() as conn:
         conn.execute(sa.text("CREATE TABLE fanout_orders (id INTEGER)"))
     try:
         with user.begin() as conn:
             conn.execute(sa.text("INSERT INTO fanout_orders VALUES (1)"))  # the caller holds the write lock
             sent = outbox.enqueue(conn, noop.s())
-            assert _rows(db_url) == []  # nothing visible before the commit
-        assert sorted(_rows(db_url)) == ["celery", "celeryev.monitor"]
+            assert _rows(broker_db) == []  # nothing visible before the commit
+        assert sorted(_rows(broker_db)) == ["celery", "celeryev.monitor"]
         event = _body(monitor, events)
         assert (event["type"], event["uuid"]) == ("task-sent", sent.id)
     finally:
@@ -202,7 +191,7 @@ def test_a_sent_event_of_an_enqueue_inside_a_write_transaction_is_routed_without
         app.close()
 
 
-def test_a_queue_first_declared_by_a_send_inside_a_write_transaction_binds_in_it(connect, db_url):
+def test_a_queue_first_declared_by_a_send_inside_a_write_transaction_binds_in_it(connect, broker_db):
     """A send inside ``celery_durable.transaction`` to a queue bound under another key declares it there and
     then: the binding is written without waiting for the caller's write lock (SQLite's only one)."""
     from celery import Celery
@@ -210,15 +199,15 @@ def test_a_queue_first_declared_by_a_send_inside_a_write_transaction_binds_in_it
     import celery_durable
 
     feed = Queue("feed", Exchange("media", "direct"), routing_key="media.video")
-    app = Celery("bind-in-transaction", broker=f"durable+{db_url}", set_as_current=False)
+    app = Celery("bind-in-transaction", broker=f"durable+{broker_db}", set_as_current=False)
     celery_durable.install(app)
-    app.conf.update(durable_database_url=db_url)
+    app.conf.update(durable_database_url=broker_db)
 
     @app.task(name="fanout.encode", shared=False)
     def encode() -> None:
         return None
 
-    user = sa.create_engine(db_url)
+    user = sa.create_engine(broker_db)
     with user.begin() as conn:
         conn.execute(sa.text("CREATE TABLE fanout_videos (id INTEGER)"))
     try:
@@ -226,12 +215,12 @@ def test_a_queue_first_declared_by_a_send_inside_a_write_transaction_binds_in_it
             conn.execute(sa.text("INSERT INTO fanout_videos VALUES (1)"))  # the caller holds the write lock
             with celery_durable.transaction(conn, app):
                 encode.apply_async(queue=feed)
-        assert _rows(db_url) == ["feed"]
-        assert _bindings(db_url) == [("media", "media.video", "feed")]
+        assert _rows(broker_db) == ["feed"]
+        assert _bindings(broker_db) == [("media", "media.video", "feed")]
         # Another process, which never declared the queue, routes by the recorded binding.
         other = connect()
         other.Producer().publish({"n": 2}, exchange=Exchange("media", "direct"), routing_key="media.video")
-        assert _rows(db_url) == ["feed", "feed"]
+        assert _rows(broker_db) == ["feed", "feed"]
     finally:
         user.dispose()
         app.close()

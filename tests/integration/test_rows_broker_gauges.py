@@ -3,34 +3,21 @@ read from the rows themselves (no probe of a message, no send-time header)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta
-from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 from kombu import Connection, Exchange, Queue
 
-from celery_durable.broker import register
 from celery_durable.compat.queue_probe import probe
 from celery_durable.compat.virtual_rows import DELAY_HEADER
 from celery_durable.store.engine import ensure_schema
-from tests.stores import fresh_store
 
 QUEUE = Queue("q", Exchange("q"), "q")
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    register()
-    with fresh_store(request.param, tmp_path) as url:
-        ensure_schema(url)
-        yield url
-
-
-def _age_rows_by(db_url: str, seconds: float) -> None:
+def _age_rows_by(broker_db: str, seconds: float) -> None:
     """Move every row's times ``seconds`` into the past, as if it had waited that long."""
-    engine = ensure_schema(db_url)
+    engine = ensure_schema(broker_db)
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.execute(sa.text("UPDATE durable_broker_messages SET enqueued_at = enqueued_at - make_interval("
@@ -45,12 +32,12 @@ def _age_rows_by(db_url: str, seconds: float) -> None:
                                      (back(enqueued), back(visible), row_id))
 
 
-def test_depth_counts_ready_rows_and_the_age_is_the_oldest_ready_ones_wait(db_url: str) -> None:
-    with Connection(f"durable+{db_url}") as conn:
+def test_depth_counts_ready_rows_and_the_age_is_the_oldest_ready_ones_wait(broker_db: str) -> None:
+    with Connection(f"durable+{broker_db}") as conn:
         producer = conn.Producer()
         for n in range(3):
             producer.publish({"n": n}, exchange=QUEUE.exchange, routing_key="q", declare=[QUEUE])
-        _age_rows_by(db_url, 30.0)
+        _age_rows_by(broker_db, 30.0)
         # Sent now, due in a minute: not ready, counted nowhere.
         producer.publish({"n": "later"}, exchange=QUEUE.exchange, routing_key="q", headers={DELAY_HEADER: 60_000})
         held = QUEUE(conn.default_channel).get()  # held by this connection: not ready either

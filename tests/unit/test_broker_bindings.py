@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from celery_durable.broker.bindings import SharedTables
-from celery_durable.compat.virtual_rows import Meta
+from celery_durable.compat.row_exchanges import Meta
 
 
 class Reads:
