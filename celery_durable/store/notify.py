@@ -151,6 +151,13 @@ class Waker:
         ready, _, _ = select.select(fds, [], [], timeout)
         return bool(ready)
 
+    def heard(self, payload: str) -> bool:
+        """Whether a NOTIFY of ``payload`` has been read since the last ``take_seen`` (reading any waiting now,
+        keeping them for both readers): for a caller that must know its own notification arrived, when
+        other notifications on the database-wide channel may have made the socket readable first."""
+        self._collect()
+        return payload in self._seen
+
     def take_seen(self) -> set[str] | None:
         """The NOTIFY payloads read since the last call (reading any waiting now), or None when some may
         have been missed since then: LISTEN was not open all along (not yet, or broken and reopened)."""
