@@ -1,4 +1,4 @@
-"""celery_durable's pytest plugin: a real ``-P durable`` worker, a throw-away store, and runs to assert on.
+"""celery_durable's pytest plugin: a ``-P durable`` worker, a throw-away store, and runs to assert on.
 
 Installed with the package (entry point ``pytest11``), so a project's own tests
 can write::
@@ -6,19 +6,28 @@ can write::
     def test_fulfil_charges_once(durable_worker, durable_run):
         durable_worker("proj.tasks", queues=["default"])      # a real worker, the embedded broker
         result = fulfil.delay(7)
+        assert result.get(timeout=10)["order"] == 7          # a result backend is set unless the app has one
         run = durable_run(result.id, state="succeeded")      # polls the store with a deadline
         assert [step.name for step in run.steps] == ["charge", "receipt"]
 
 Fixtures:
 
-- ``durable_store``: a throw-away SQLite durable store (``.url``) for the test.
-- ``durable_worker(app, *, queues=None, concurrency=2, broker_url=None, conf=None)``:
-  starts ``celery -A app worker -P durable`` as a subprocess on the given broker,
-  or on the embedded default (an SQLite file of the test session, no server),
-  with the test's store; the app in the test process is pointed at the same
-  broker and store, so what the test sends reaches the worker. Waits until
-  the worker is ready; stops it with SIGTERM at teardown and fails the test if
-  it did not exit cleanly.
+- ``durable_store``: a throw-away SQLite durable store (``.url``) for the test,
+  already migrated (a copy of one migrated once per session).
+- ``durable_embedded_broker_url``: the test's embedded broker, ``durable+sqlite:///``
+  on the store's own file (rows claimed under leases, no server): nothing one
+  test sent reaches the next.
+- ``durable_worker(app, *, queues=None, concurrency=2, broker_url=None, conf=None, in_process=False)``:
+  a ready ``-P durable`` worker of ``app`` on ``broker_url`` or the embedded
+  broker, with the test's store, ``result_backend = "rpc://"`` when the app
+  configures none, and ``conf`` over all of it; the app in the test process is
+  pointed at the same settings (and back, with its cached connections dropped,
+  at teardown), so what the test sends reaches the worker and its results come
+  back. By default the worker is a real ``celery worker`` subprocess, stopped
+  with SIGTERM at teardown (the test fails if it did not exit cleanly); with
+  ``in_process=True`` it is Celery's embedded worker on a thread of the test
+  process, its tasks on threads (``durable_execution = "threads"``): no
+  subprocess, no second import of the app, a worker in well under a second.
 - ``durable_run(task_id, *, state=None, timeout=30)``: the run as the store
   holds it (``state``, ``attempts``, ``result``, ``last_error``, ``steps``);
   with ``state`` it waits until the run is in it, and says what it was instead.
@@ -26,11 +35,8 @@ Fixtures:
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
+import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -39,9 +45,12 @@ from typing import Any
 
 import pytest
 
-#: How long a worker may take to say it is ready, and to exit after SIGTERM.
-READY_TIMEOUT = 60.0
-STOP_TIMEOUT = 60.0
+from celery_durable.testing.app_settings import TestAppSettings, settings_for_test
+from celery_durable.testing.in_process import InProcessWorker
+from celery_durable.testing.records import RunRecord, StepRecord, read_run
+from celery_durable.testing.subprocess_worker import DurableWorker, start_subprocess_worker
+
+__all__ = ["DurableStore", "DurableWorker", "InProcessWorker", "RunRecord", "StepRecord", "find_app", "read_run"]
 
 
 @dataclass(frozen=True)
@@ -49,60 +58,6 @@ class DurableStore:
     """A durable store for one test: ``url`` is what ``durable_database_url`` is set to."""
 
     url: str
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    name: str
-    #: How many steps of the same name ran before it in the run (0 for the first).
-    occurrence: int
-    result: Any
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    id: str
-    task_name: str
-    state: str
-    attempts: int
-    result: Any
-    last_error: str | None
-    #: The run's completed steps, in the order they were checkpointed.
-    steps: list[StepRecord]
-
-
-class DurableWorker:
-    """A running ``celery worker -P durable`` subprocess."""
-
-    def __init__(self, process: subprocess.Popen[bytes], log_path: Path) -> None:
-        self.process = process
-        self.log_path = log_path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while " ready." not in self.log():
-            if self.process.poll() is not None:
-                raise AssertionError(f"the durable worker exited with {self.process.returncode}:\n"
-                                     f"{self.log()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the durable worker was not ready after {timeout:.0f}s:\n"
-                                     f"{self.log()[-3000:]}")
-            time.sleep(0.05)
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
-        """SIGTERM (a warm shutdown: running runs finish) and the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise AssertionError(f"the durable worker did not exit within {timeout:.0f}s of SIGTERM:\n"
-                                 f"{self.log()[-3000:]}") from None
 
 
 def find_app(app: Any) -> tuple[Any, str]:
@@ -114,78 +69,71 @@ def find_app(app: Any) -> tuple[Any, str]:
     return celery_find_app(app), app
 
 
-def read_run(url: str, task_id: str) -> RunRecord | None:
-    """The run ``task_id`` as the store at ``url`` holds it, or None if it has none."""
-    from celery_durable.store import runs as store_runs
-    from celery_durable.store import steps as store_steps
+@pytest.fixture(scope="session")
+def durable_store_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An SQLite file migrated to the current schema once per session: each test's store starts as a copy."""
     from celery_durable.store.engine import ensure_schema
-    from celery_durable.store.json_values import from_json
 
-    engine = ensure_schema(url)
-    with engine.connect() as conn:
-        run = store_runs.get(conn, task_id)
-        if run is None:
-            return None
-        stored = store_steps.load(conn, task_id)
-    steps = [StepRecord(key.name, key.occurrence, from_json(encoded)) for key, encoded in stored.items()]
-    return RunRecord(id=run.id, task_name=run.task_name, state=run.state, attempts=run.attempts,
-                     result=from_json(run.result), last_error=run.last_error, steps=steps)
+    path = tmp_path_factory.mktemp("durable-store-template") / "store.sqlite"
+    ensure_schema(f"sqlite:///{path}").dispose()
+    return path
 
 
 @pytest.fixture
-def durable_store(tmp_path: Path) -> DurableStore:
-    """A throw-away SQLite durable store for this test."""
-    return DurableStore(url=f"sqlite:///{tmp_path / 'durable-store.sqlite'}")
+def durable_store(durable_store_template: Path, tmp_path: Path) -> DurableStore:
+    """A throw-away SQLite durable store for this test (migrated already)."""
+    path = tmp_path / "durable-store.sqlite"
+    shutil.copyfile(durable_store_template, path)
+    return DurableStore(url=f"sqlite:///{path}")
 
 
-@pytest.fixture(scope="session")
-def durable_embedded_broker_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The embedded default broker (``durable+sqlite:///``: rows claimed under leases, on an SQLite file) for
-    the test session.
-
-    One per session: an app's producer pool keeps the broker it first connected
-    to, so the broker stays the same across tests.
-    """
-    return f"durable+sqlite:///{tmp_path_factory.mktemp('durable-broker') / 'broker.sqlite'}"
+@pytest.fixture
+def durable_embedded_broker_url(durable_store: DurableStore) -> str:
+    """The embedded broker for the test: ``durable+sqlite:///`` on the store's own file, as the example app does."""
+    return f"durable+{durable_store.url}"
 
 
 @pytest.fixture
 def durable_worker(durable_store: DurableStore, durable_embedded_broker_url: str,
-                   tmp_path: Path) -> Iterator[Callable[..., DurableWorker]]:
-    """``durable_worker(app, *, queues=None, concurrency=2, broker_url=None, conf=None)``: a ready worker."""
-    started: list[DurableWorker] = []
+                   tmp_path: Path) -> Iterator[Callable[..., DurableWorker | InProcessWorker]]:
+    """``durable_worker(app, *, queues=None, concurrency=2, broker_url=None, conf=None, in_process=False)``."""
+    subprocesses: list[DurableWorker] = []
+    embedded: list[InProcessWorker] = []
+    applied: list[TestAppSettings] = []
 
-    def start(app: str, *, queues: Sequence[str] | None = None, concurrency: int = 2,
-              broker_url: str | None = None, conf: dict[str, Any] | None = None) -> DurableWorker:
-        celery_app, app_path = find_app(app)
-        settings: dict[str, Any] = {
-            "broker_url": broker_url or durable_embedded_broker_url,
-            "durable_database_url": durable_store.url,
-            **(conf or {}),
-        }
-        # The test's own process sends to the same broker and reads the same store.
-        celery_app.conf.update(settings)
-        log_path = tmp_path / f"durable-worker-{len(started)}.log"
-        argv = [sys.executable, "-m", "celery_durable.testing.launch", app_path, json.dumps(settings),
-                "worker", "-P", "durable", "-c", str(concurrency), "-l", "info",
-                "--without-mingle", "--without-gossip", "-n", f"durable-test-{os.getpid()}-{len(started)}@%h"]
-        if queues:
-            argv += ["-Q", ",".join(queues)]
-        # The app must import in the worker as it does here (pytest puts the rootdir on sys.path).
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *filter(None, sys.path)])}
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-        worker = DurableWorker(process, log_path)
-        started.append(worker)
-        worker.wait_ready()
-        return worker
+    def start(app: Any, *, queues: Sequence[str] | None = None, concurrency: int = 2, broker_url: str | None = None,
+              conf: dict[str, Any] | None = None, in_process: bool = False) -> DurableWorker | InProcessWorker:
+        celery_app, app_path = (app, None) if in_process and not isinstance(app, str) else find_app(app)
+        settings = settings_for_test(celery_app.conf, broker_url=broker_url or durable_embedded_broker_url,
+                                     store_url=durable_store.url, conf=conf or {}, in_process=in_process)
+        # The test's own process sends to the same broker, reads the same store and backend.
+        applied.append(TestAppSettings(celery_app, settings))
+        node_name = f"durable-test-{os.getpid()}-{len(subprocesses) + len(embedded)}@%h"
+        if in_process:
+            worker = InProcessWorker(celery_app, queues=queues, concurrency=concurrency, node_name=node_name)
+            embedded.append(worker)
+            return worker
+        assert app_path is not None
+        started = start_subprocess_worker(app_path, settings, queues=queues, concurrency=concurrency,
+                                          node_name=node_name,
+                                          log_path=tmp_path / f"durable-worker-{len(subprocesses)}.log")
+        subprocesses.append(started)
+        started.wait_ready()
+        return started
 
     yield start
     failures = []
-    for worker in started:
-        code = worker.stop()
+    for worker in embedded:
+        try:
+            worker.stop()
+        except Exception as err:  # noqa: BLE001 - every worker is stopped; the test fails naming each
+            failures.append(f"the in-process durable worker did not stop: {err!r}")
+    for started in subprocesses:
+        code = started.stop()
         if code != 0:
-            failures.append(f"the durable worker exited with {code}:\n{worker.log()[-3000:]}")
+            failures.append(f"the durable worker exited with {code}:\n{started.log()[-3000:]}")
+    for settings in reversed(applied):
+        settings.restore()
     if failures:
         pytest.fail("\n".join(failures))
 

@@ -23,8 +23,8 @@ from celery_durable.worker.wiring import CommandLine, wire, wiring_for
 logger = logging.getLogger(__name__)
 
 POOL_ALIAS = "durable"
-POOL_PATH = "celery_durable.worker.pool:DurablePool"
-THREAD_POOL_PATH = "celery_durable.worker.pool:DurableThreadPool"
+POOL_PATH = "celery_durable.worker.prefork:DurablePool"
+THREAD_POOL_PATH = "celery_durable.worker.threads:DurableThreadPool"
 CONSUMER_PATH = "celery_durable.worker.consumer:DurableConsumer"
 
 _registered = False

@@ -1,17 +1,12 @@
-"""The ``-P durable`` pools: Celery's prefork and thread pools that report each finished run."""
+"""What the ``-P durable`` pools (``prefork.py``, ``threads.py``) add to Celery's: each finished run is reported."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from celery.concurrency.prefork import TaskPool as PreforkTaskPool
-from celery.concurrency.thread import TaskPool as ThreadTaskPool
-
-from celery_durable.compat.asynpool import ReapingAsynPool
 from celery_durable.compat.host_types import HostRequest
 from celery_durable.compat.request import request_of_callback
-from celery_durable.compat.thread_pool import cancel_unstarted_and_wait
 
 
 class RunListener(Protocol):
@@ -70,26 +65,3 @@ def _then_release(
             listener.run_finished(request)
 
     return finished
-
-
-class DurablePool(DurablePoolMixin, PreforkTaskPool):
-    """Prefork execution (the default of ``-P durable``)."""
-
-    # With an event loop: a recycled child is replaced as soon as it exits,
-    # not at Celery's next 5 s pool check (see child_reaping).
-    Pool = ReapingAsynPool
-
-
-class DurableThreadPool(DurablePoolMixin, ThreadTaskPool):
-    """Thread execution (``durable_execution = "threads"``)."""
-
-    def on_stop(self) -> None:
-        drain = getattr(self, "drain", None)
-        if drain is None:
-            super().on_stop()
-            return
-        drain.start()
-        drain.join()
-        # Runs not yet started were handed back: cancel them here; the running
-        # ones (a thread cannot be killed) are waited for.
-        cancel_unstarted_and_wait(self)

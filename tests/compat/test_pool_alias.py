@@ -11,7 +11,7 @@ from celery.bin import worker as worker_cli
 
 from celery_durable.compat.pool_alias import register_pool_alias
 from celery_durable.worker.boot import POOL_ALIAS, POOL_PATH
-from celery_durable.worker.pool import DurablePool
+from celery_durable.worker.prefork import DurablePool
 
 #: An alias of the tests' own, so registering it leaves "durable" as the package set it.
 ALIAS = "durable-compat-test"
