@@ -16,11 +16,13 @@ from typing import Any
 
 
 def forget_connections(app: Any) -> None:
-    """Close the app's cached broker connections and drop its cached pools and result backend."""
-    pool = app._pool
+    """Drop the app's cached broker pools and result backend: the next use builds them from the conf.
+
+    The pools are dropped, not closed: kombu keeps them in a process-wide
+    registry keyed by broker URL (``kombu.pools``), which hands the same pool to
+    the next app or test on that URL; closed, it would refuse them.
+    """
     app._pool = None
-    if pool is not None:
-        pool.force_close_all()
     # app.amqp is a cached_property: dropped, it is built again from the conf, with no producer pool and
     # no queue selection left by an embedded worker's -Q (WorkController selects on the app's own queues).
     app.__dict__.pop("amqp", None)

@@ -61,6 +61,9 @@ class DurableConsumer(ConsumerHooks):
             limits=FleetLimits.for_worker(self.app, config, wiring.limits),
         )
         self._kicks: LoopKicks | None = None
+        #: Set by a stop (warm shutdown, or a remote-control consumer restart): Celery closes the blueprint
+        #: then too, but the connection stays open for the runs still in the pool to be acked.
+        self._stopping = False
         self.pool.run_listener = self.runtime
         self.pool.drain = self.runtime.drain
         connect_consumer(self, self._on_task_received, self._on_task_revoked)
@@ -150,13 +153,20 @@ class DurableConsumer(ConsumerHooks):
 
     # -- shutdown ----------------------------------------------------------------
     def stop(self) -> None:
+        self._stopping = True
         self.runtime.stop()
         super().stop()
 
     def on_close(self) -> None:
-        # On a lost connection Celery drops every request the pool does not have yet.
+        # Celery calls this when the connection is lost, and when the consumer stops (Blueprint.close).
         super().on_close()
-        self.runtime.connection_lost()
+        if not self._stopping:
+            # Lost: Celery drops every request the pool does not have yet, and the pool's late acks
+            # cannot reach the broker. Stopped (a warm shutdown), the connection stays open until the
+            # pool is joined: the runs finishing in it are acked as usual, and the drain hands back
+            # the rest — skipping their acks here left a finished run's message to be restored at
+            # close and run again.
+            self.runtime.connection_lost()
 
     def shutdown(self) -> None:
         # A stopped worker leaves the gauges, and its signal receivers go with it

@@ -42,3 +42,12 @@ def test_restore_gives_the_app_its_settings_back_and_drops_what_it_cached_for_th
     assert app.conf.broker_url == "memory://first/" and "durable_database_url" not in app.conf
     assert app.backend is not first_backend and type(app.backend).__name__ == "CacheBackend"
     assert app.pool.connection.hostname == "first"
+
+
+def test_a_broker_used_by_an_earlier_test_can_be_used_again() -> None:
+    app = Celery("plugin-settings-again", broker="memory://first/")
+    for _ in range(2):
+        applied = TestAppSettings(app, {"broker_url": "memory://again/"})
+        with app.pool.acquire(block=True, timeout=1) as connection:
+            connection.default_channel.queue_declare("again")
+        applied.restore()
