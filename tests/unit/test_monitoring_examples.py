@@ -69,3 +69,12 @@ def test_the_manuals_table_lists_every_exported_metric_and_nothing_else():
     section = section[:section.index("\n## ", 1)]
     table = set(re.findall(r"^\| `([a-z_]+)` \|", section, re.M))
     assert table == exported(), f"missing: {sorted(exported() - table)}, not exported: {sorted(table - exported())}"
+
+
+def test_the_autoscaling_recipes_query_only_exported_metrics():
+    recipes = ROOT / "examples" / "autoscaling"
+    (trigger,) = yaml.safe_load((recipes / "keda-scaledobject.yaml").read_text())["spec"]["triggers"]
+    (rule,) = yaml.safe_load((recipes / "prometheus-adapter-rules.yaml").read_text())["rules"]["external"]
+    named = named_in([trigger["metadata"]["query"], rule["metricsQuery"], rule["seriesQuery"]])
+    assert {"job_queue_depth", "job_worker_in_flight", "job_worker_capacity"} <= named
+    assert named <= exported(), f"not exported: {sorted(named - exported())}"
