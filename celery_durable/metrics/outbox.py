@@ -19,13 +19,14 @@ from celery_durable.store.unreachable import is_unreachable
 
 logger = logging.getLogger(__name__)
 
+# Labelled by store as the backlog gauges are, so an alert on failures names the outbox that is stuck.
 PUBLISHED = Counter("durable_outbox_published", "Outbox rows the relays in this process published.",
-                    registry=REGISTRY)
+                    ["store"], registry=REGISTRY)
 FAILURES = Counter("durable_outbox_publish_failures", "Failed publishes of outbox rows (each is retried).",
-                   registry=REGISTRY)
+                   ["store"], registry=REGISTRY)
 FLAGGED = Counter("durable_outbox_flagged",
                   "Outbox rows that reached the flag threshold of failed publishes (kept, still retried).",
-                  registry=REGISTRY)
+                  ["store"], registry=REGISTRY)
 
 _urls: set[str] = set()
 _lock = threading.Lock()
@@ -50,7 +51,7 @@ class _OutboxCollector:
                 logger.log(level, "durable.metrics.outbox_unreadable", exc_info=True,
                            extra={"event": "durable.metrics.outbox_unreadable"})
                 continue
-            label = _label(url)
+            label = store_label(url)
             backlog.add_metric([label], count)
             oldest.add_metric([label], age_seconds(first, datetime.now(timezone.utc)))
         yield backlog
@@ -72,9 +73,27 @@ def watch(url: str) -> None:
     """Report ``url``'s outbox on the registry (a relay calls this when it starts)."""
     with _lock:
         _urls.add(url)
+    label = store_label(url)
+    # The counters' series exist at 0 from the relay's start: increase() and rate() cannot see the
+    # first failure of a series that appears already at 1.
+    for counter in (PUBLISHED, FAILURES, FLAGGED):
+        counter.labels(store=label)
 
 
-def _label(url: str) -> str:
+def published(url: str, rows: int) -> None:
+    PUBLISHED.labels(store=store_label(url)).inc(rows)
+
+
+def publish_failed(url: str) -> None:
+    FAILURES.labels(store=store_label(url)).inc()
+
+
+def flagged(url: str) -> None:
+    FLAGGED.labels(store=store_label(url)).inc()
+
+
+def store_label(url: str) -> str:
+    """The ``store`` label of ``url``'s outbox metrics: backend, host and database, no credentials."""
     parsed = sa.engine.make_url(url)
     return f"{parsed.get_backend_name()}:{parsed.host or ''}/{parsed.database or ''}"
 

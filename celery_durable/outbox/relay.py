@@ -112,8 +112,14 @@ class Relay:
             rows = store.claim(conn, self.batch_size, now)
             if not rows:
                 return PassResult(0, 0)
-            with self.app.producer_or_acquire() as producer:
-                published = publish_batch(self.app, producer, rows, self._clock)
+            try:
+                with self.app.producer_or_acquire() as producer:
+                    published = publish_batch(self.app, producer, rows, self._clock)
+            except Exception:
+                # No connection to the broker (the batch records the failures it meets itself): the
+                # claim rolls back with no attempt marked, but an alert on publish failures must see it.
+                outbox_metrics.publish_failed(self.url)
+                raise
             if published.sent:
                 # Published, nothing marked yet: a crash here republishes these rows.
                 self._faults.reach(RELAY_AFTER_PUBLISH)
@@ -124,7 +130,7 @@ class Relay:
                                    flag_after=self.flag_after, jitter=self.jitter, draw=self._draw())
             self._settle(conn, outcome, error, failed_row, now)
         if published.sent:
-            outbox_metrics.PUBLISHED.inc(published.sent)
+            outbox_metrics.published(self.url, published.sent)
         return PassResult(len(rows), published.sent, render_error(error) if error is not None else None,
                           batched=published.batched, one_by_one=published.one_by_one)
 
@@ -137,10 +143,10 @@ class Relay:
         self._failed_rows.add(outcome.failed)
         store.mark_failed(conn, outcome.failed, attempts=outcome.failed_attempts, error=rendered,
                           retry_at=now + timedelta(seconds=outcome.retry_in))
-        outbox_metrics.FAILURES.inc()
+        outbox_metrics.publish_failed(self.url)
         if outcome.failed_attempts >= self.flag_after:
             if outcome.flag:
-                outbox_metrics.FLAGGED.inc()
+                outbox_metrics.flagged(self.url)
             # Flagged, never dropped: it keeps being retried at the capped backoff.
             logger.error("durable.outbox.flagged task_id=%s task=%s attempts=%s error=%s",
                          failed_row.task_id, failed_row.task_name, outcome.failed_attempts, rendered,

@@ -176,7 +176,8 @@ def _validated_config(worker: Any) -> DurableConfig:
     command_line = wiring_for(worker).command_line
     if command_line.autoscale or getattr(worker, "autoscale", None):
         raise ConfigInvalid("--autoscale", "cannot be used with -P durable: size the pool with -c "
-                                           "(pool_grow and pool_shrink move the capacity with it)")
+                                           "(pool_grow and pool_shrink move the capacity with it) and scale "
+                                           "the number of workers instead (examples/autoscaling/)")
     if command_line.refused is not None:
         raise command_line.refused
     overrides = command_line.overrides

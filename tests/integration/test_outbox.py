@@ -17,7 +17,7 @@ from kombu import Connection
 from sqlalchemy.orm import Session
 
 from celery_durable import OutboxDatabaseMismatch, OutboxInvalid, outbox
-from celery_durable.metrics.outbox import REGISTRY, watch
+from celery_durable.metrics.outbox import REGISTRY, store_label, watch
 from celery_durable.outbox.relay import Relay
 from celery_durable.store import outbox as store
 from celery_durable.store.engine import autocommit, ensure_schema
@@ -274,6 +274,51 @@ def test_backlog_gauges_read_the_table_at_scrape(store_url: str, user_engine: sa
     Relay(app).run_pass()
     assert gauge("durable_outbox_backlog") == 0
     assert gauge("durable_outbox_oldest_age_seconds") == 0
+
+
+def test_failed_publishes_count_against_their_store(
+        store_url: str, user_engine: sa.engine.Engine, fault_proxy: ProxyFactory) -> None:
+    # durable_outbox_publish_failures_total{store} is what DurableOutboxPublishFailing
+    # (examples/monitoring/alerts.yml) watches: a broker lost mid-batch and a broker never reached both count.
+    real_url = broker_url("redis")
+    proxy = fault_proxy(real_url)
+    app = make_app(proxy.url_for(real_url), store_url)
+    noop = app.tasks["outbox.noop"]
+    queue = f"fail-{uuid.uuid4().hex[:6]}"
+    relay = Relay(app)
+    watch(relay.url)
+    label = store_label(relay.url)
+
+    def counter(name: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"store": label})
+
+    def enqueue(label: str) -> str:
+        with user_engine.begin() as conn:
+            return outbox.enqueue(conn, noop.s(label), queue=queue).id
+
+    # The series exist before anything failed: an alert's increase() sees the first failure.
+    failures, published = counter("durable_outbox_publish_failures_total"), counter("durable_outbox_published_total")
+    assert failures is not None and published is not None
+    enqueue("first")
+    assert relay.run_pass().published == 1  # the app's pool now holds a connection to the broker
+    assert counter("durable_outbox_published_total") == published + 1
+
+    lost = enqueue("lost")
+    proxy.outage()
+    try:
+        result = relay.run_pass()
+        assert result.error is not None and result.published == 0
+        assert (outbox_row(store_url, lost) or {}).get("attempts") == 1
+        assert counter("durable_outbox_publish_failures_total") == failures + 1
+        # An app that never reached the broker: the pass fails before any row is tried, and counts.
+        never = enqueue("never")
+        with pytest.raises(Exception, match="onnect"):
+            Relay(make_app(proxy.url_for(real_url), store_url)).run_pass()
+        assert counter("durable_outbox_publish_failures_total") == failures + 2
+        assert (outbox_row(store_url, never) or {}).get("attempts") == 0  # its claim rolled back
+    finally:
+        proxy.restore()
+    assert counter("durable_outbox_published_total") == published + 1
 
 
 @pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])

@@ -1,4 +1,5 @@
-"""The Grafana dashboard, the alert rules and the manual's metric table (docs/metrics.md) name only exported metrics."""
+"""The Grafana dashboard, the alert rules (and their tests), the autoscaling recipes and the manual's metric table
+(docs/metrics.md) name only exported metrics."""
 
 from __future__ import annotations
 
@@ -50,8 +51,16 @@ def test_every_alert_rule_names_exported_metrics_and_the_four_asked_for_are_ther
         assert rule["annotations"]["summary"], rule["alert"]
     by_metric = {name: rule["alert"] for rule in rules for name in named_in([rule["expr"]])}
     for metric in ("job_queue_oldest_ready_seconds", "job_queue_dead_runs", "durable_outbox_oldest_age_seconds",
-                   "job_worker_capacity"):
+                   "job_worker_capacity", "durable_outbox_publish_failures_total", "durable_beat_leader"):
         assert metric in by_metric, f"no alert on {metric}"
+
+
+def test_the_alert_rules_unit_tests_feed_only_exported_metrics():
+    # A series named wrong in alerts_test.yml would leave a rule silent for the wrong reason.
+    tests = yaml.safe_load((MONITORING / "alerts_test.yml").read_text())["tests"]
+    series = [s["series"] for test in tests for s in test["input_series"]]
+    named = named_in(series)
+    assert named and named <= exported(), f"not exported: {sorted(named - exported())}"
 
 
 def test_the_manuals_table_lists_every_exported_metric_and_nothing_else():
@@ -60,3 +69,12 @@ def test_the_manuals_table_lists_every_exported_metric_and_nothing_else():
     section = section[:section.index("\n## ", 1)]
     table = set(re.findall(r"^\| `([a-z_]+)` \|", section, re.M))
     assert table == exported(), f"missing: {sorted(exported() - table)}, not exported: {sorted(table - exported())}"
+
+
+def test_the_autoscaling_recipes_query_only_exported_metrics():
+    recipes = ROOT / "examples" / "autoscaling"
+    (trigger,) = yaml.safe_load((recipes / "keda-scaledobject.yaml").read_text())["spec"]["triggers"]
+    (rule,) = yaml.safe_load((recipes / "prometheus-adapter-rules.yaml").read_text())["rules"]["external"]
+    named = named_in([trigger["metadata"]["query"], rule["metricsQuery"], rule["seriesQuery"]])
+    assert {"job_queue_depth", "job_worker_in_flight", "job_worker_capacity"} <= named
+    assert named <= exported(), f"not exported: {sorted(named - exported())}"
