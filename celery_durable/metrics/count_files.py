@@ -1,4 +1,4 @@
-"""Count files: how a worker's pool children hand their run counts to the process that serves metrics.
+"""Count files: how a worker's pool children hand their counts to the process that serves metrics.
 
 A prefork child counts its runs in its own memory, which the parent's metrics
 endpoint cannot read. So, while a worker shares a directory (made before the
@@ -25,15 +25,17 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_PREFIX = "counts-"
+#: The table durable run counts (``jobs_total``) are shared in; other tables name their own.
+JOBS_TABLE = "counts"
 _SUFFIX = ".json"
 
-Counts = dict[tuple[str, str], float]
+#: A count table: label values (one tuple length per table) to a count.
+Counts = dict[tuple[str, ...], float]
 
 
-def file_name() -> str:
+def file_name(table: str = JOBS_TABLE) -> str:
     """A name no other process of this worker uses, a pid reused by a later child included."""
-    return f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}{_SUFFIX}"
+    return f"{table}-{os.getpid()}-{uuid.uuid4().hex[:8]}{_SUFFIX}"
 
 
 # A count file is a fixed-size map shared between its one writer and any
@@ -56,9 +58,9 @@ _maps: dict[Path, tuple[mmap.mmap, int]] = {}
 _last_read: dict[Path, bytes] = {}
 
 
-def write(directory: Path, name: str, counts: Mapping[tuple[str, str], float]) -> None:
+def write(directory: Path, name: str, counts: Mapping[tuple[str, ...], float]) -> None:
     """Publish this process's whole table: a reader sees the old table or the new, never half."""
-    rows = [[queue, outcome, value] for (queue, outcome), value in counts.items()]
+    rows = [[*key, value] for key, value in counts.items()]
     data = json.dumps(rows).encode()
     path = directory / name
     try:
@@ -98,22 +100,29 @@ def _create(path: Path, data: bytes, previous: tuple[mmap.mmap, int] | None) -> 
     return view, sequence
 
 
-def read_all(directory: Path, *, skip: str) -> Counts:
-    """The sum of every process's file but ``skip`` (the reader's own, counted from its memory)."""
+def read_all(directory: Path, *, skip: str, table: str = JOBS_TABLE) -> Counts:
+    """The sum of every process's file of ``table`` but ``skip`` (the reader's own, counted from its memory)."""
     total: Counts = {}
-    for path in _files(directory):
+    for path in _files(directory, f"{table}-"):
         if path.name == skip:
             continue
-        for queue, outcome, value in _rows(path):
-            total[(queue, outcome)] = total.get((queue, outcome), 0.0) + value
+        for row in _rows(path):
+            key = tuple(row[:-1])
+            total[key] = total.get(key, 0.0) + row[-1]
     return total
 
 
-def _files(directory: Path) -> Iterator[Path]:
+def _files(directory: Path, prefix: str) -> Iterator[Path]:
     try:
-        yield from (p for p in directory.iterdir() if p.name.startswith(_PREFIX) and p.name.endswith(_SUFFIX))
+        yield from (p for p in directory.iterdir() if p.name.startswith(prefix) and p.name.endswith(_SUFFIX))
     except OSError:
         return
+
+
+def _is_row(row: Any) -> bool:
+    """Label values then a count: what :func:`write` puts in a table, and nothing else."""
+    return (isinstance(row, list) and len(row) >= 2 and all(isinstance(v, str) for v in row[:-1])
+            and isinstance(row[-1], (int, float)) and not isinstance(row[-1], bool))
 
 
 def _rows(path: Path) -> list[Any]:
@@ -126,7 +135,7 @@ def _rows(path: Path) -> list[Any]:
         logger.debug("durable.metrics.count_file_unreadable path=%s", path, exc_info=True,
                      extra={"event": "durable.metrics.count_file_unreadable", "path": str(path)})
         return []
-    return [r for r in rows if isinstance(r, list) and len(r) == 3] if isinstance(rows, list) else []
+    return [r for r in rows if _is_row(r)] if isinstance(rows, list) else []
 
 
 def _read_table(path: Path) -> bytes | None:
