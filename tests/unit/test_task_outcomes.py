@@ -80,3 +80,25 @@ def test_a_revoke_counts_with_the_requests_labels():
     context = SimpleNamespace(id="t-rev", task="unit.revoked", hostname=HOST, delivery_info={"routing_key": QUEUE})
     outcomes.on_revoked(sender=None, request=context, terminated=False, expired=True)
     assert _value("celery_task_revoked_total", "unit.revoked") == 1
+
+
+def test_names_past_the_limit_are_served_as_other_and_an_admitted_name_keeps_its_own():
+    from celery_durable.metrics import tasks as metrics
+
+    labels = {"hostname": HOST, "queue_name": QUEUE}
+    REGISTRY.get_sample_value("celery_task_succeeded_total", {"name": "x", **labels})  # a scrape: admits the seen
+    room_for_one = len(metrics._names.admitted) + 1
+    metrics.set_names_limit(room_for_one)
+    try:
+        outcomes.on_success(sender=_task("unit.limit-a"), result=1, runtime=0.1)
+        outcomes.on_success(sender=_task("unit.limit-b"), result=1, runtime=0.1)
+        assert _value("celery_task_succeeded_total", "unit.limit-a") == 1
+        assert _value("celery_task_succeeded_total", "unit.limit-b") == 0
+        other = _value("celery_task_succeeded_total", "other")
+        assert other >= 1 and _value("celery_task_runtime_count", "other") == other
+        # More of the admitted name: still under its own label, not moved to other.
+        outcomes.on_success(sender=_task("unit.limit-a"), result=1, runtime=0.1)
+        assert _value("celery_task_succeeded_total", "unit.limit-a") == 2
+        assert _value("celery_task_succeeded_total", "other") == other
+    finally:
+        metrics.set_names_limit(100)
