@@ -237,3 +237,19 @@ def plain_overruns(label: str) -> str:
 def plain_dies(label: str) -> str:
     """A plain task whose pool child dies under it (WorkerLostError in the worker)."""
     os._exit(1)
+
+
+@app.task(name="durable.plain_rejects", acks_late=True)
+def plain_rejects(label: str) -> str:
+    """A plain task that rejects its message for good (Celery records it as a failure)."""
+    from celery.exceptions import Reject
+
+    raise Reject(label, requeue=False)
+
+
+@app.task(bind=True, name="durable.plain_blocks")
+def plain_blocks(self: Any, label: str) -> str:
+    """A plain task that runs until a test revokes it with terminate (prefork), or 60 s."""
+    observe("start", label, id=self.request.id)
+    _client().blpop(_key(f"gate:{label}"), timeout=60)
+    return label

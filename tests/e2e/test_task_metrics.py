@@ -1,7 +1,7 @@
 """Every task a real ``celery worker -P durable`` runs is counted on its metrics port, by name, queue and outcome.
 
-Plain tasks that succeed, fail, retry, expire, hit the hard time limit and lose
-their pool child, and a durable task: the worker's ``/metrics`` must show each
+Plain tasks that succeed, fail, retry, reject, expire, are terminated, hit the
+hard time limit and lose their pool child, and a durable task: the worker's ``/metrics`` must show each
 ``celery_task_*`` counter and the runtime histogram's counts exactly (a count
 taken twice, or lost in a pool child, would show).
 """
@@ -81,18 +81,25 @@ def test_every_plain_and_durable_task_is_counted_by_name_queue_and_outcome(durab
     for i in range(2):
         s.send_task("q", "durable.plain_retries", [f"again{i}"])
     s.send_task("q", "durable.plain", ["late"], expires=datetime.now(timezone.utc) - timedelta(seconds=5))
+    s.send_task("q", "durable.plain_rejects", ["nope"])
     run = s.send_task("q", "durable.quick", ["durable"])
     outcomes = {
         "durable.plain": {"succeeded": 5, "revoked": 1},
         "durable.plain_fails": {"failed": 3},
         "durable.plain_retries": {"retried": 2, "succeeded": 2},
+        "durable.plain_rejects": {"failed": 1},
         "durable.quick": {"succeeded": 1},
     }
-    failures = {"durable.plain_fails": "ValueError"}
+    failures = {"durable.plain_fails": "ValueError", "durable.plain_rejects": "Reject"}
     if execution == "prefork":
         # What only a pool child can suffer: the hard time limit's kill, and dying under its task.
         s.send_task("q", "durable.plain_overruns", ["slow"])
         s.send_task("q", "durable.plain_dies", ["dies"])
+        # Revoked with terminate while it runs: Celery kills its child and announces the revoke.
+        blocked = s.send_task("q", "durable.plain_blocks", ["blocked"])
+        wait_for(lambda: s.labelled("start", "blocked"), timeout=30, what="the blocking task to start")
+        s.producer.control.revoke(blocked, terminate=True, destination=[worker.hostname])
+        outcomes["durable.plain_blocks"] = {"revoked": 1}
         outcomes["durable.plain_overruns"] = {"failed": 1}
         outcomes["durable.plain_dies"] = {"failed": 1}
         failures.update({"durable.plain_overruns": "TimeLimitExceeded", "durable.plain_dies": "WorkerLostError"})
