@@ -19,7 +19,7 @@ import mmap
 import os
 import struct
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +60,22 @@ _last_read: dict[Path, bytes] = {}
 
 def write(directory: Path, name: str, counts: Mapping[tuple[str, ...], float]) -> None:
     """Publish this process's whole table: a reader sees the old table or the new, never half."""
-    rows = [[*key, value] for key, value in counts.items()]
-    data = json.dumps(rows).encode()
+    write_rows(directory, name, [row(key, value) for key, value in counts.items()])
+
+
+def row(key: tuple[str, ...], value: float) -> str:
+    """One row of a table as JSON: its label values, then its count."""
+    return json.dumps([*key, float(value)])
+
+
+def write_rows(directory: Path, name: str, rows: Collection[str]) -> None:
+    """:func:`write` of rows already made by :func:`row`.
+
+    A process keeps each row's JSON and remakes only those a count changed:
+    a table of a few hundred per-task keys is written after every task, and
+    encoding it whole each time cost ~0.7 ms a task.
+    """
+    data = ("[" + ",".join(rows) + "]").encode()
     path = directory / name
     try:
         mapped = _maps.get(path)

@@ -31,6 +31,8 @@ class ProcessCounts:
         # A forked child starts from zero: the parent's counts are the parent's
         # (it still reports them), and copying them would count them twice.
         self.counts: count_files.Counts = {}
+        #: Each key's row as written to the file, remade only when its count changes.
+        self.rows: dict[tuple[str, ...], str] = {}
         self.file_name = count_files.file_name(self.table)
 
     def add(self, key: tuple[str, ...], amount: float = 1.0) -> None:
@@ -39,12 +41,17 @@ class ProcessCounts:
     def add_all(self, amounts: Iterable[tuple[tuple[str, ...], float]]) -> None:
         """Several keys at once: one write of the file for all of them (a run's count and its runtime)."""
         with self.lock:
-            for key, amount in amounts:
-                self.counts[key] = self.counts.get(key, 0.0) + amount
             directory = shared_dir.shared_dir()
+            for key, amount in amounts:
+                value = self.counts[key] = self.counts.get(key, 0.0) + amount
+                if directory is not None:
+                    self.rows[key] = count_files.row(key, value)
             if directory is not None:
+                if len(self.rows) != len(self.counts):
+                    # Keys counted before the directory was shared have no row yet.
+                    self.rows = {key: count_files.row(key, value) for key, value in self.counts.items()}
                 # Under the lock: two threads' writes land in the order they counted.
-                count_files.write(directory, self.file_name, self.counts)
+                count_files.write_rows(directory, self.file_name, self.rows.values())
 
     def totals(self) -> count_files.Counts:
         with self.lock:
