@@ -60,7 +60,7 @@ _last_read: dict[Path, bytes] = {}
 
 def write(directory: Path, name: str, counts: Mapping[tuple[str, ...], float]) -> None:
     """Publish this process's whole table: a reader sees the old table or the new, never half."""
-    write_rows(directory, name, [row(key, value) for key, value in counts.items()])
+    _publish(directory, name, json.dumps([[*key, value] for key, value in counts.items()]).encode())
 
 
 def row(key: tuple[str, ...], value: float) -> str:
@@ -75,7 +75,10 @@ def write_rows(directory: Path, name: str, rows: Collection[str]) -> None:
     a table of a few hundred per-task keys is written after every task, and
     encoding it whole each time cost ~0.7 ms a task.
     """
-    data = ("[" + ",".join(rows) + "]").encode()
+    _publish(directory, name, ("[" + ",".join(rows) + "]").encode())
+
+
+def _publish(directory: Path, name: str, data: bytes) -> None:
     path = directory / name
     try:
         mapped = _maps.get(path)
