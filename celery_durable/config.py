@@ -26,6 +26,10 @@ EXECUTION_MODES = ("prefork", "threads")
 DEFAULT_LEASE_TTL = 30.0
 #: ``durable_broker_vacuum_dead_rows``: dead row versions that make a claiming worker VACUUM the broker's table.
 DEFAULT_VACUUM_DEAD_ROWS = 1_000
+#: ``durable_metrics_task_names_limit``: task names the per-task metrics show before folding the rest into ``other``.
+DEFAULT_TASK_NAMES_LIMIT = 100
+#: Its ceiling: each name is ~8 series per queue, and a scrape past ~100k series is a scraper's problem.
+MOST_TASK_NAMES = 10_000
 #: ``durable_metrics_port``: one port, or the first and last of a range the worker takes the first free one of.
 MetricsPort = int | tuple[int, int]
 
@@ -70,6 +74,8 @@ class DurableConfig:
     idle_poll_interval: float = 0.05
     metrics_port: MetricsPort | None = None
     metrics_host: str = "127.0.0.1"
+    #: Task names the per-task metrics show as themselves; names seen past it are shown as ``other``.
+    metrics_task_names_limit: int = DEFAULT_TASK_NAMES_LIMIT
     #: The durable store; None means the default SQLite file (see ``store.engine.DEFAULT_URL``).
     #: Out of the repr: a config logged whole must not log the database password.
     database_url: str | None = field(default=None, repr=False)
@@ -129,6 +135,7 @@ class DurableConfig:
         if self.metrics_port is not None:
             object.__setattr__(self, "metrics_port", metrics_port(self.metrics_port))
         metrics_host(self.metrics_host)
+        whole_number("durable_metrics_task_names_limit", self.metrics_task_names_limit, at_most=MOST_TASK_NAMES)
         if self.database_url is not None:
             object.__setattr__(self, "database_url", database_url(self.database_url))
 

@@ -13,11 +13,12 @@ from celery_durable.compat.host_check import check_host
 from celery_durable.compat.pool_alias import register_pool_alias
 from celery_durable.config import DurableConfig, from_celery_conf
 from celery_durable.errors import ConfigInvalid, HostIncompatible
+from celery_durable.metrics.tasks import set_names_limit
 from celery_durable.planning import limit_declarations as declarations
 from celery_durable.planning.capacity import cap_above_pool, unsized_pool
 from celery_durable.planning.limit_declarations import LimitInvalid, TaskLimits
 from celery_durable.worker import cli_options
-from celery_durable.worker.signals import connect_boot, connect_worker_shutdown
+from celery_durable.worker.signals import connect_boot, connect_task_outcomes, connect_worker_shutdown
 from celery_durable.worker.wiring import CommandLine, wire, wiring_for
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,9 @@ def _wire_durable_worker(sender: Any = None, **_: Any) -> None:
                      extra={"event": "durable.config.invalid", "setting": err.setting, "error": str(err)})
         raise SystemExit(f"celery_durable: refusing to start: {err}") from None
     command_line = wire(worker, config=config, limits=limits).command_line
+    set_names_limit(config.metrics_task_names_limit)
+    # Before the pool forks: its children count the tasks they run with these receivers.
+    connect_task_outcomes()
     controller.use_pool(worker, THREAD_POOL_PATH if config.execution == "threads" else POOL_PATH)
     if config.execution == "prefork":
         _share_counts(worker)

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from celery_durable.compat.host_types import HostRequest
 from celery_durable.compat.request import request_of_callback
+from celery_durable.worker.task_outcomes import settling
 
 
 class RunListener(Protocol):
@@ -38,6 +39,8 @@ class DurablePoolMixin:
         if listener is not None and request is not None:
             options["callback"] = _then_release(callback, listener, request)
             options["error_callback"] = _then_release(options.get("error_callback"), listener, request)
+            if options.get("timeout_callback") is not None:
+                options["timeout_callback"] = _settling(options["timeout_callback"], request)
             # From here the callbacks above give the count back (a terminate
             # revoke included): the revoke signal must not give it back too.
             listener.run_pooled(request)
@@ -60,8 +63,18 @@ def _then_release(
             # its late failure (the child was killed) must not ack it or mark
             # the task failed.
             if callback is not None and not listener.is_handed_back(request):
-                callback(*args, **kwargs)
+                with settling(request):
+                    callback(*args, **kwargs)
         finally:
             listener.run_finished(request)
 
     return finished
+
+
+def _settling(callback: Callable[..., Any], request: HostRequest) -> Callable[..., Any]:
+    """A hard time limit's callback: a task_failure it sends is about ``request`` (``task_outcomes``)."""
+    def timed_out(*args: Any, **kwargs: Any) -> Any:
+        with settling(request):
+            return callback(*args, **kwargs)
+
+    return timed_out

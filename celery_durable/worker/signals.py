@@ -22,6 +22,16 @@ def connect_install() -> None:
     signals.before_task_publish.connect(stamp, weak=False, dispatch_uid="celery_durable.sent_stamp")
 
 
+def connect_task_outcomes() -> None:
+    """A ``-P durable`` worker counts every task it runs (``worker/task_outcomes.py``); once per process."""
+    from celery_durable.worker import task_outcomes as outcomes
+
+    for signal, receiver in ((signals.task_prerun, outcomes.on_prerun), (signals.task_success, outcomes.on_success),
+                             (signals.task_retry, outcomes.on_retry), (signals.task_failure, outcomes.on_failure),
+                             (signals.task_revoked, outcomes.on_revoked)):
+        signal.connect(receiver, weak=False, dispatch_uid=f"celery_durable.task_outcomes.{receiver.__name__}")
+
+
 def connect_boot(on_celeryd_init: Receiver, on_worker_init: Receiver) -> None:
     """A worker's boot: its command line read at ``celeryd_init``, ``-P durable`` wired at ``worker_init``."""
     signals.celeryd_init.connect(on_celeryd_init, weak=False, dispatch_uid="celery_durable.celeryd_init")

@@ -208,3 +208,48 @@ def typed(self: Any, when: dt.datetime, ident: uuid.UUID, amount: Decimal, blob:
     later = self.step("next day", _next_day, when)
     observe("typed", self.request.id, types=[type(v).__name__ for v in (when, ident, amount, blob, later)])
     return {"later": later, "ident": ident, "amount": amount, "blob": blob}
+
+
+@app.task(name="durable.plain_fails")
+def plain_fails(label: str) -> str:
+    """A plain task that always raises (the per-task metrics count it failed, with its exception's class)."""
+    raise ValueError(label)
+
+
+@app.task(bind=True, name="durable.plain_retries", max_retries=3)
+def plain_retries(self: Any, label: str) -> str:
+    """A plain task that asks to be retried once, then succeeds."""
+    if self.request.retries == 0:
+        raise self.retry(countdown=0)
+    return label
+
+
+@app.task(name="durable.plain_overruns", time_limit=1)
+def plain_overruns(label: str) -> str:
+    """A plain task the hard time limit kills (prefork)."""
+    import time
+
+    time.sleep(30)
+    return label
+
+
+@app.task(name="durable.plain_dies")
+def plain_dies(label: str) -> str:
+    """A plain task whose pool child dies under it (WorkerLostError in the worker)."""
+    os._exit(1)
+
+
+@app.task(name="durable.plain_rejects", acks_late=True)
+def plain_rejects(label: str) -> str:
+    """A plain task that rejects its message for good (Celery records it as a failure)."""
+    from celery.exceptions import Reject
+
+    raise Reject(label, requeue=False)
+
+
+@app.task(bind=True, name="durable.plain_blocks")
+def plain_blocks(self: Any, label: str) -> str:
+    """A plain task that runs until a test revokes it with terminate (prefork), or 60 s."""
+    observe("start", label, id=self.request.id)
+    _client().blpop(_key(f"gate:{label}"), timeout=60)
+    return label

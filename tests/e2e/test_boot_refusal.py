@@ -68,6 +68,8 @@ REFUSED: list[Any] = [
     pytest.param(const({"durable_metrics_port": 9100, "durable_metrics_host": "no-such-host.invalid"}),
                  "durable_metrics_host", "a name that resolves, got 'no-such-host.invalid'",
                  id="metrics-host-unresolvable"),
+    pytest.param(const({"durable_metrics_task_names_limit": 0}), "durable_metrics_task_names_limit", "got 0",
+                 id="task-names-limit-0"),
 ]
 
 

@@ -143,6 +143,12 @@ def test_runs_are_kept_seven_days_unless_told_and_zero_keeps_them_forever():
         ("durable_metrics_port", NAN),
         ("durable_metrics_host", ""),
         ("durable_metrics_host", 127),
+        ("durable_metrics_task_names_limit", 0),
+        ("durable_metrics_task_names_limit", -5),
+        ("durable_metrics_task_names_limit", "100"),
+        ("durable_metrics_task_names_limit", True),
+        ("durable_metrics_task_names_limit", 2.5),
+        ("durable_metrics_task_names_limit", 10_001),
         ("durable_relay", "false"),
         ("durable_relay", 0),
         ("durable_relay_batch_size", 0),
@@ -553,3 +559,9 @@ def test_the_broker_vacuum_threshold_must_be_a_whole_number_of_dead_rows(value):
 
 def test_a_broker_vacuum_threshold_of_zero_leaves_the_table_to_autovacuum():
     assert from_celery_conf({"durable_broker_vacuum_dead_rows": 0}).broker_vacuum_dead_rows == 0
+
+
+def test_the_task_names_limit_is_a_hundred_unless_told():
+    assert from_celery_conf({}).metrics_task_names_limit == 100
+    assert from_celery_conf({"durable_metrics_task_names_limit": 1}).metrics_task_names_limit == 1
+    assert from_celery_conf({"durable_metrics_task_names_limit": 10_000}).metrics_task_names_limit == 10_000

@@ -100,3 +100,17 @@ def test_a_table_that_outgrows_its_file_is_still_read_whole(shared: Path) -> Non
     count_files.write(shared, "counts-big.json", {(QUEUE, "failed"): 1.0})
     count_files.write(shared, "counts-big.json", counts)  # ~70 KB: past the first file's 16 KB
     assert count_files.read_all(shared, skip="none") == counts
+
+
+def test_a_table_counted_before_its_directory_was_shared_is_written_whole(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    from celery_durable.metrics.process_counts import ProcessCounts
+
+    monkeypatch.delenv(shared_dir.ENV_VAR, raising=False)
+    table = ProcessCounts("unit-late-share")
+    table.add(("a", "early"))
+    monkeypatch.setenv(shared_dir.ENV_VAR, str(tmp_path))
+    table.add_all([(("b", "late"), 2.0), (("a", "early"), 1.0)])
+    assert count_files.read_all(tmp_path, skip="none", table="unit-late-share") == {("a", "early"): 2.0,
+                                                                                   ("b", "late"): 2.0}
+    assert count_files.read_all(tmp_path, skip="none") == {}, "another table's files were read"
