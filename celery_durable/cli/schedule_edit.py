@@ -20,14 +20,16 @@ def _fields(add: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         for option in reversed([
-            click.option("--task", required=add, help="the task's name (may be one only the workers import)"),
-            click.option("--every", help="seconds between sends (replaces a crontab)"),
-            click.option("--crontab", help='a crontab line, "minute hour day-of-month month day-of-week" '
-                                           "(replaces --every)"),
-            click.option("--args", help="the task's positional arguments, a JSON list"),
-            click.option("--kwargs", help="the task's keyword arguments, a JSON object"),
-            click.option("--queue", help="the queue to send to"),
-            click.option("--options", help='apply_async options, a JSON object (and "durable_catch_up")'),
+            click.option("--task", required=add, metavar="TASK",
+                         help="the task's name (may be one only the workers import)"),
+            click.option("--every", metavar="SECONDS", help="seconds between sends (replaces a crontab)"),
+            click.option("--crontab", metavar="LINE",
+                         help='a crontab line, "minute hour day-of-month month day-of-week" (replaces --every)'),
+            click.option("--args", metavar="JSON", help="the task's positional arguments, a JSON list"),
+            click.option("--kwargs", metavar="JSON", help="the task's keyword arguments, a JSON object"),
+            click.option("--queue", metavar="QUEUE", help="the queue to send to"),
+            click.option("--options", metavar="JSON",
+                         help='apply_async options, a JSON object (and "durable_catch_up")'),
         ]):
             command = option(command)
         return command

@@ -1,9 +1,9 @@
 """SQL for the beat entries added at run time (``durable_beat_schedule``): read, insert, update, delete.
 
 The rows are checked before they are written (``celery_durable.beat.stored_spec``); this module
-only moves them. Removing an entry also forgets its watermark and pause (``durable_beat_entries``)
-in the same transaction, so a later entry of the same name starts from its own first sight instead
-of catching up on ticks of the one removed. Its sent ticks (``durable_beat_fires``) stay: the audit
+only moves them. Removing an entry, and adding one, forgets the name's watermark and pause
+(``durable_beat_entries``) in the same transaction, so an entry starts from its own first sight
+instead of catching up on ticks of another of its name. Its sent ticks (``durable_beat_fires``) stay: the audit
 trail of what was sent.
 """
 
@@ -60,13 +60,20 @@ def stored_entry(conn: Connection, beat: str, name: str) -> StoredEntry | None:
 
 
 def insert(conn: Connection, beat: str, entry: StoredEntry, now: datetime) -> bool:
-    """Store a new entry; False (nothing written) when ``beat`` has one of that name already."""
+    """Store a new entry; False (nothing written) when ``beat`` has one of that name already.
+
+    A watermark already kept under the name is dropped: one a leader's round in flight wrote back
+    after a remove (it had read the entry before), or one of a ``beat_schedule`` entry since taken
+    out of the code. The new entry starts from its own first sight, not from their last tick."""
     from sqlalchemy.dialects import postgresql, sqlite
 
     statement = postgresql.insert(table) if conn.dialect.name == "postgresql" else sqlite.insert(table)
     result = conn.execute(statement.values(beat=beat, entry=entry.name, **_columns(entry), updated_at=now)
                           .on_conflict_do_nothing())
-    return bool(result.rowcount)
+    if not result.rowcount:
+        return False
+    conn.execute(states.delete().where(states.c.beat == beat, states.c.entry == entry.name))
+    return True
 
 
 def update(conn: Connection, beat: str, entry: StoredEntry, now: datetime) -> bool:

@@ -82,6 +82,11 @@ def test_a_removed_entry_forgets_its_watermark_and_pause_so_a_new_one_of_its_nam
     with engine_for(store_url).connect() as conn:
         assert "gone" not in beat_store.entry_states(conn, BEAT)
         assert [task_id for _, _, task_id, _ in beat_store.fired(conn, BEAT, "gone")] == ["id-1"], "the audit stays"
+    with engine_for(store_url).begin() as conn:
+        beat_store.add_entry(conn, BEAT, "gone", t0)  # a leader's round in flight tracks it again
+    schedule_entries.add(app, "gone", task="t.y", every=1)
+    with engine_for(store_url).connect() as conn:
+        assert "gone" not in beat_store.entry_states(conn, BEAT), "a new entry of the name starts afresh"
 
 
 def test_racing_adds_of_one_name_store_one_and_refuse_the_rest(store_url):
