@@ -196,3 +196,10 @@ class BeatEntryInvalid(DurableError):
     """A ``beat_schedule`` entry the durable beat cannot run: refused at start, naming the entry."""
 
     code = "durable.beat.entry_invalid"
+
+
+class ScheduleEditRefused(DurableError):
+    """An add, edit or remove of a stored beat entry refused: the name is the app's ``beat_schedule``'s
+    (read-only at run time), already stored (add), or not stored (edit, remove)."""
+
+    code = "durable.beat.edit_refused"

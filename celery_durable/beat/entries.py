@@ -52,7 +52,9 @@ def read_entries(app: Any, config: Mapping[str, Any]) -> dict[str, BeatEntry]:
     return {name: read_entry(app, name, spec) for name, spec in config.items()}
 
 
-def read_entry(app: Any, name: Any, spec: Any) -> BeatEntry:
+def read_entry(app: Any, name: Any, spec: Any, *, stored: bool = False) -> BeatEntry:
+    """One entry, checked. ``stored``: an entry added at run time (``durable_beat_schedule``), whose task
+    may be one only the workers import, so its name is not looked up in this app."""
     if not isinstance(name, str) or not name or len(name) > 200:
         raise BeatEntryInvalid(f"beat_schedule entry {name!r}: a name must be a string of 1 to 200 characters")
     if not isinstance(spec, Mapping):
@@ -60,7 +62,7 @@ def read_entry(app: Any, name: Any, spec: Any) -> BeatEntry:
     task = spec.get("task")
     if not isinstance(task, str) or not task:
         raise _bad(name, f"task must be a task name, got {task!r}")
-    if task not in app.tasks:
+    if not stored and task not in app.tasks:
         raise _bad(name, f"task {task!r} is not registered in this app (is the module defining it imported?)")
     the_schedule = _schedule(app, name, spec.get("schedule"))
     args = spec.get("args") or ()

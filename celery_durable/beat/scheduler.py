@@ -36,6 +36,7 @@ from sqlalchemy.engine import Connection
 
 from celery_durable import outbox
 from celery_durable.beat.entries import BeatEntry, fixed_interval, read_entries
+from celery_durable.beat.stored import MergedSchedule
 from celery_durable.clock import SYSTEM_CLOCK, Clock
 from celery_durable.config import from_celery_conf
 from celery_durable.errors import DurableError, SchemaOutdated
@@ -96,6 +97,8 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         self._reloading = False
         self._in_round = False
         self.entries: dict[str, BeatEntry] = {}
+        #: beat_schedule and the entries stored at run time, read again each round (beat.stored).
+        self.merged: MergedSchedule | None = None
         self.relay: Relay | None = None
         self.fired = 0
         super().__init__(app, *args, lazy=lazy, **kwargs)
@@ -118,6 +121,7 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
             # chained through celery's own handler as a traceback and still exit 1.
             raise SystemExit(f"celery_durable beat refused to start: {err}") from None
         self.relay = Relay(self.app, url=self.url, listen=False)
+        self.merged = MergedSchedule(self.app, self.beat, self.entries)
         logger.info("durable.beat.started beat=%s holder=%s entries=%s lease_ttl=%s", self.beat, self.holder,
                     ",".join(sorted(self.entries)) or "-", self.ttl,
                     extra={"event": "durable.beat.started", "beat": self.beat, "holder": self.holder,
@@ -207,8 +211,11 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
 
     def _entry_states(self) -> dict[str, store.EntryState]:
         """Each entry's stored state; an entry seen for the first time is tracked from now (nothing
-        before its first sight is due)."""
+        before its first sight is due). The entries are read again first: beat_schedule with the ones
+        added, edited or removed at run time (``beat.stored``), so a change runs from this round on."""
         with self._transaction() as conn:
+            if self.merged is not None:
+                self.entries = self.merged.entries(conn)
             states = store.entry_states(conn, self.beat)
             new = [name for name in self.entries if name not in states]
             for name in new:

@@ -1,4 +1,7 @@
-"""``celery durable schedule``: the durable beat's entries — list them, pause or resume one, send one now."""
+"""``celery durable schedule``: the durable beat's entries — list them, pause or resume one, send one now.
+
+Adding, editing and removing entries at run time: ``cli/schedule_edit.py``.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +17,13 @@ from celery_durable.config import from_celery_conf
 
 @durable.group(name="schedule")
 def schedule() -> None:
-    """The durable beat's schedule: list the entries, pause or resume one, send one now."""
+    """The durable beat's schedule: list the entries, pause or resume one, send one now; add, edit or
+    remove entries stored at run time (the app's beat_schedule stays read-only)."""
 
 
-def _beat_of(ctx: click.Context) -> tuple[Any, str, str, dict[str, Any]]:
-    """(app, store url, beat name, entries): the app's beat_schedule, checked; one line when it is not."""
+def _beat_of(ctx: click.Context) -> tuple[Any, str, str, dict[str, Any], frozenset[str]]:
+    """(app, store url, beat name, entries, the names of the stored ones): the app's beat_schedule,
+    checked, and the entries stored at run time (a name of both: the code's); one line when not."""
     from celery_durable.beat.entries import read_entries
     from celery_durable.errors import DurableError
 
@@ -29,13 +34,38 @@ def _beat_of(ctx: click.Context) -> tuple[Any, str, str, dict[str, Any]]:
         entries = read_entries(app, app.conf.beat_schedule or {})
     except DurableError as err:
         raise click.ClickException(str(err)) from None
-    return app, store_url_of(app), config.beat_name or app.main or "celery", entries
+    url, beat = store_url_of(app), config.beat_name or app.main or "celery"
+    stored = _stored(app, url, beat, set(entries))
+    return app, url, beat, {**entries, **stored}, frozenset(stored)
+
+
+def _stored(app: Any, url: str, beat: str, code: set[str]) -> dict[str, Any]:
+    """The stored entries as the beat runs them; one that does not read is named on stderr, not shown."""
+    from celery_durable.beat.stored import as_beat_entry
+    from celery_durable.errors import BeatEntryInvalid
+    from celery_durable.store.beat_schedule import stored_entries
+    from celery_durable.store.engine import autocommit, ensure_schema, unavailable_as_error
+
+    try:
+        with unavailable_as_error(url), autocommit(ensure_schema(url)).connect() as conn:
+            rows = stored_entries(conn, beat)
+    except Exception as err:  # noqa: BLE001 - one line naming the store, no traceback
+        raise click.ClickException(str(err).splitlines()[0]) from None
+    entries = {}
+    for name, row in rows.items():
+        if name in code:
+            continue  # the beat runs the code's entry of that name, so do these commands
+        try:
+            entries[name] = as_beat_entry(app, row)
+        except BeatEntryInvalid as err:
+            click.echo(f"warning: {err} (stored; the beat does not run it)", err=True)
+    return entries
 
 
 def _entry_named(entries: dict[str, Any], name: str) -> Any:
     if name not in entries:
         known = ", ".join(sorted(entries)) or "none"
-        raise click.ClickException(f"no beat_schedule entry named {name!r} (entries: {known})")
+        raise click.ClickException(f"no schedule entry named {name!r} (entries: {known})")
     return entries[name]
 
 
@@ -49,7 +79,7 @@ def schedule_list(ctx: click.Context, as_json: bool) -> None:
     from celery_durable.store import beat as beat_store
     from celery_durable.store.engine import autocommit, ensure_schema, unavailable_as_error
 
-    _, url, beat, entries = _beat_of(ctx)
+    _, url, beat, entries, stored = _beat_of(ctx)
     try:
         with unavailable_as_error(url), autocommit(ensure_schema(url)).connect() as conn:
             states = beat_store.entry_states(conn, beat)
@@ -61,7 +91,8 @@ def schedule_list(ctx: click.Context, as_json: bool) -> None:
     for name, entry in entries.items():
         state = states.get(name)
         report.append({
-            "entry": name, "task": entry.task, "schedule": str(entry.schedule), "catch_up": entry.catch_up,
+            "entry": name, "source": "stored" if name in stored else "code", "task": entry.task,
+            "schedule": str(entry.schedule), "catch_up": entry.catch_up,
             "paused": bool(state and state.paused),
             "last_tick": state.last_tick.isoformat() if state and state.last_tick else None,
             "last_sent_at": state.last_fire_at.isoformat() if state and state.last_fire_at else None,
@@ -77,8 +108,8 @@ def schedule_list(ctx: click.Context, as_json: bool) -> None:
                                      else "no replica leads now"))
     for row in report:
         status = "paused" if row["paused"] else f"next {row['next_due']}"
-        click.echo(f"  {row['entry']:<24} {row['task']:<32} {row['schedule']:<28} catch-up {row['catch_up']:<8} "
-                   f"{status}; last sent {row['last_tick'] or 'never'}")
+        click.echo(f"  {row['entry']:<24} {row['source']:<6} {row['task']:<32} {row['schedule']:<28} "
+                   f"catch-up {row['catch_up']:<8} {status}; last sent {row['last_tick'] or 'never'}")
 
 
 @schedule.command(cls=CeleryCommand, name="pause")
@@ -102,7 +133,7 @@ def _set_paused(ctx: click.Context, name: str, paused: bool) -> None:
     from celery_durable.store import beat as beat_store
     from celery_durable.store.engine import ensure_schema, unavailable_as_error
 
-    _, url, beat, entries = _beat_of(ctx)
+    _, url, beat, entries, _ = _beat_of(ctx)
     _entry_named(entries, name)
     try:
         with unavailable_as_error(url), ensure_schema(url).begin() as conn:
@@ -123,7 +154,7 @@ def schedule_trigger(ctx: click.Context, name: str) -> None:
     from celery_durable.outbox.relay import Relay
     from celery_durable.store.engine import ensure_schema, unavailable_as_error
 
-    app, url, _, entries = _beat_of(ctx)
+    app, url, _, entries, _ = _beat_of(ctx)
     entry = _entry_named(entries, name)
     task_id = str(uuid.uuid4())
     headers = dict(entry.options.get("headers") or {})

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
 #: The Alembic revision the code reads and writes; a database behind it must be migrated.
-HEAD_REVISION = "0012_broker_bindings"
+HEAD_REVISION = "0013_beat_schedule"
 
 #: The databases the store's SQL is written for (SQLAlchemy backend names; any driver of them).
 SUPPORTED_BACKENDS = ("postgresql", "sqlite")
@@ -226,6 +226,23 @@ beat_fires = sa.Table(
     sa.Column("term", sa.BigInteger, nullable=False),
     sa.Column("fired_at", UtcDateTime(), nullable=False),
     sa.Index("ix_durable_beat_fires_fired_at", "fired_at"),
+)
+
+# Entries added at run time (``celery durable schedule add``, ``celery_durable.beat.schedule_entries``;
+# migration 0013), read by the beat's leader each round beside the app's ``beat_schedule``. Kept as
+# written: seconds (``every``) or a crontab line, and args, kwargs and options as JSON text.
+beat_schedule = sa.Table(
+    "durable_beat_schedule",
+    metadata,
+    sa.Column("beat", sa.String(200), primary_key=True),
+    sa.Column("entry", sa.String(200), primary_key=True),
+    sa.Column("task", sa.String(255), nullable=False),
+    sa.Column("every", sa.Float, nullable=True),
+    sa.Column("crontab", sa.String(200), nullable=True),
+    sa.Column("args", sa.Text, nullable=False),
+    sa.Column("kwargs", sa.Text, nullable=False),
+    sa.Column("options", sa.Text, nullable=False),
+    sa.Column("updated_at", UtcDateTime(), nullable=False),
 )
 
 #: The PostgreSQL broker's messages (``broker/``): a row is ready when ``visible_at`` has passed and

@@ -261,7 +261,7 @@ def test_an_operator_lists_pauses_resumes_and_triggers_entries_of_a_running_beat
     unknown = _schedule_command(s, url, entries, "pause", "nope")
     assert unknown.returncode == 1
     assert unknown.stderr.strip().splitlines()[-1] == \
-        "Error: no beat_schedule entry named 'nope' (entries: paused1, steady)"
+        "Error: no schedule entry named 'nope' (entries: paused1, steady)"
 
 
 def test_the_schedule_commands_work_on_the_embedded_sqlite_store_and_name_a_bad_store(durable_scenario):
