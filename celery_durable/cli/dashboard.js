@@ -162,7 +162,7 @@ function renderBeat(beat) {
     `holder ${lead.holder} (an older replica: host and pid not recorded)`}, term ${lead.term}`
     : `beat ${beat.beat}: ${beat.problem || "no replica leads (no entry to send)"}`;
   const fired = beat.last_fire;
-  last.textContent = fired ? `last fire: ${fired.entry} at ${when(fired.at)} (${age(fired.ago_seconds)} ago), ` +
+  last.textContent = fired ? `last fire: ${fired.entry} at ${when(fired.at)} (${age(Math.max(0, fired.ago_seconds))} ago), ` +
     `lag ${age(fired.lag_seconds)}` : "last fire: none yet";
   fillTable("beat-entries", ["entry", "task", "schedule", "next fire", "last fire", "lag", "paused"],
             beat.entries.map(e => ({attrs: {"data-entry": e.name}, problem: e.problem,
