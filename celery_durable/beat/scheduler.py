@@ -36,11 +36,11 @@ from sqlalchemy.engine import Connection
 
 from celery_durable import outbox
 from celery_durable.beat.entries import BeatEntry, fixed_interval, read_entries
+from celery_durable.beat.holder import new_holder
 from celery_durable.beat.stored import MergedSchedule
 from celery_durable.clock import SYSTEM_CLOCK, Clock
 from celery_durable.config import from_celery_conf
 from celery_durable.errors import DurableError, SchemaOutdated
-from celery_durable.leases.keeper import new_token
 from celery_durable.metrics import beat as beat_metrics
 from celery_durable.metrics import registry
 from celery_durable.outbox.relay import Relay
@@ -84,7 +84,8 @@ class Scheduler(CeleryScheduler):  # type: ignore[misc]
         #: Seconds late a tick is still sent as due (a handover is not an outage): a standby sees the
         #: lease free at most ``STANDBY_POLL`` after it expires, one TTL after the last renewal.
         self.grace = self.ttl + 2 * STANDBY_POLL
-        self.holder = new_token()
+        #: host:pid:nonce, so the operator's views can say which process leads (beat/holder.py).
+        self.holder = new_holder()
         #: Ticks are planned in wall time, the lease renewed by monotonic time, both read here.
         self._clock = clock
         self.term: int | None = None

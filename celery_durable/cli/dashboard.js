@@ -95,7 +95,20 @@ function render() {
   document.getElementById("runs").textContent = "Runs: " + (runs || "none");
   document.getElementById("outbox").textContent = latest.outbox_backlog === null ? "" :
     `Outbox: ${latest.outbox_backlog} unpublished, oldest ${age(latest.outbox_oldest_seconds)}`;
-  document.getElementById("problems").replaceChildren(...latest.problems.map(p => el("p", {class: "problem", text: p})));
+  const panels = state.panels || {problems: []};
+  const outboxLine = document.getElementById("outbox");
+  if (panels.outbox && panels.outbox.problem) {
+    outboxLine.textContent += ` · ${panels.outbox.problem}`;
+    outboxLine.className = "problem";
+  } else {
+    outboxLine.className = "";
+  }
+  document.getElementById("problems").replaceChildren(
+    ...[...latest.problems, ...panels.problems].map(p => el("p", {class: "problem", text: p})));
+  renderBeat(panels.beat);
+  renderLimits(panels.limits || []);
+  renderSleeping(panels.sleeping || []);
+  renderOutbox(panels.outbox);
 
   const dead = document.getElementById("dead");
   dead.replaceChildren(el("tr", {}, el("th", {text: "run"}), el("th", {text: "task"}), el("th", {text: "queue"}),
@@ -113,6 +126,79 @@ function render() {
                    el("td", {class: "num", text: run.attempts}), el("td", {class: "error", text: run.last_error || ""}), actions));
   }
   if (!state.dead_runs.length) dead.append(el("tr", {}, el("td", {colspan: 6, text: "no dead run"})));
+}
+
+function when(iso) {
+  return iso ? new Date(iso).toLocaleTimeString() : "–";
+}
+
+// A table's rows; a row whose data has a problem is highlighted and ends in a cell saying why.
+function fillTable(id, headers, rows, empty) {
+  const table = document.getElementById(id);
+  table.replaceChildren(el("tr", {}, ...headers.map(h => el("th", {text: h})), el("th", {text: "problem"})));
+  for (const {attrs, cells, problem} of rows) {
+    const row = el("tr", {...attrs, ...(problem ? {class: "problem", "data-problem": problem} : {})},
+                   ...cells.map(c => el("td", typeof c === "object" ? c : {text: c === null || c === undefined ? "–" : c})),
+                   el("td", {class: "cause", text: problem || ""}));
+    table.append(row);
+  }
+  if (!rows.length) table.append(el("tr", {}, el("td", {colspan: headers.length + 1, class: "muted", text: empty})));
+}
+
+function renderBeat(beat) {
+  const leader = document.getElementById("beat-leader"), last = document.getElementById("beat-last");
+  if (!beat) {
+    leader.textContent = "the beat could not be read (see the problems above)";
+    leader.className = "problem";
+    last.textContent = "";
+    fillTable("beat-entries", [], [], "");
+    return;
+  }
+  const lead = beat.leader;
+  leader.className = beat.problem ? "problem" : "";
+  leader.setAttribute("data-host", lead && lead.host ? lead.host : "");
+  leader.setAttribute("data-pid", lead && lead.pid !== null ? lead.pid : "");
+  leader.textContent = lead ? `beat ${beat.beat}: led by ${lead.host ? `${lead.host} pid ${lead.pid}` :
+    `holder ${lead.holder} (an older replica: host and pid not recorded)`}, term ${lead.term}`
+    : `beat ${beat.beat}: ${beat.problem || "no replica leads (no entry to send)"}`;
+  const fired = beat.last_fire;
+  last.textContent = fired ? `last fire: ${fired.entry} at ${when(fired.at)} (${age(Math.max(0, fired.ago_seconds))} ago), ` +
+    `lag ${age(fired.lag_seconds)}` : "last fire: none yet";
+  fillTable("beat-entries", ["entry", "task", "schedule", "next fire", "last fire", "lag", "paused"],
+            beat.entries.map(e => ({attrs: {"data-entry": e.name}, problem: e.problem,
+                                    cells: [e.name, e.task, e.schedule, when(e.next_due), when(e.last_fire_at),
+                                            {class: "num", text: age(e.lag_seconds)}, e.paused ? "paused" : "no"]})),
+            "no beat_schedule entry in this app");
+}
+
+function renderLimits(scopes) {
+  fillTable("limits", ["task", "scope", "held / limit", "waiting", "oldest waiting"],
+            scopes.map(s => ({attrs: {"data-scope": `${s.task}/${s.kind}/${s.key}`, ...(s.full ? {"data-full": "1"} : {})},
+                              problem: s.problem,
+                              cells: [s.task, s.kind === "task" ? "task" : `${s.kind} ${s.key}`,
+                                      {class: "num", text: `${s.held} / ${s.limit === null ? "?" : s.limit}`},
+                                      {class: "num", text: s.ready ? `${s.waiting} (+${s.ready} sent on)` : s.waiting},
+                                      {class: "num", text: age(s.oldest_waiting_seconds)}]})),
+            "no limit is held or waited on");
+}
+
+function renderSleeping(runs) {
+  fillTable("sleeping", ["run", "task", "queue", "wakes at", "in"],
+            runs.map(r => ({attrs: {"data-run-id": r.id}, problem: r.problem,
+                            cells: [r.id, r.task, r.queue, when(r.wake_at),
+                                    {class: "num", text: r.wakes_in_seconds === null ? "–" :
+                                      r.wakes_in_seconds >= 0 ? age(r.wakes_in_seconds) : `due ${age(-r.wakes_in_seconds)} ago`}]})),
+            "no run is sleeping");
+}
+
+function renderOutbox(outbox) {
+  fillTable("outbox-failing", ["task id", "task", "attempts", "last error", "next try in"],
+            (outbox ? outbox.failing : []).map(r => ({attrs: {"data-task-id": r.task_id, ...(r.flagged ? {"data-flagged": "1"} : {})},
+                                                      problem: r.problem,
+                                                      cells: [r.task_id, r.task, {class: "num", text: r.attempts},
+                                                              {class: "error", text: r.error},
+                                                              {class: "num", text: r.next_try_in_seconds > 0 ? age(r.next_try_in_seconds) : "now"}]})),
+            "no row failed to publish");
 }
 
 async function act(verb, runId) {

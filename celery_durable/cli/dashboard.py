@@ -28,16 +28,15 @@ from celery.bin.base import CeleryCommand
 
 from celery_durable.cli.dashboard_history import History
 from celery_durable.cli.dashboard_http import DashboardServer, GuardedHandler
+from celery_durable.cli.dashboard_reads import read_panels
 from celery_durable.cli.group import durable, store_url_of
 from celery_durable.cli.options import Seconds
 from celery_durable.cli.status import fleet_snapshot
+from celery_durable.config import DurableConfig, from_celery_conf
 from celery_durable.errors import ConfigInvalid, DurableError
 from celery_durable.headers import DASHBOARD_TOKEN_HEADER
 
 logger = logging.getLogger(__name__)
-
-#: Dead runs the page lists (most recently updated first).
-DEAD_RUNS_SHOWN = 50
 
 #: The files the page is made of: path -> (file in this package, Content-Type).
 PAGE_FILES = {
@@ -51,39 +50,37 @@ PAGE_FILES = {
 class Dashboard:
     """The sampled state and the actions the page may ask for."""
 
-    def __init__(self, app: Any, url: str, token: str | None, *, interval: float, window: float) -> None:
+    def __init__(self, app: Any, url: str, config: DurableConfig, *, interval: float, window: float) -> None:
         self.app = app
         self.url = url
-        self.token = token
+        self.config = config
+        self.token = config.dashboard_token
         self.interval = interval
         self.history = History(window)
-        self._state: dict[str, Any] = {"latest": None, "dead_runs": [], "history": self.history.series()}
+        self._state: dict[str, Any] = {"latest": None, "dead_runs": [], "panels": {"problems": []},
+                                       "history": self.history.series()}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
 
     # -- sampling -------------------------------------------------------------------------
     def sample(self) -> None:
         snapshot = fleet_snapshot(self.app, self.url, timeout=min(1.0, self.interval / 2))
-        dead_runs: list[dict[str, Any]] = []
         try:
-            dead_runs = self._dead_runs()
+            found = self._panels()
         except Exception as err:  # noqa: BLE001 - shown on the page with the rest of what could not be read
-            snapshot.problems.append(f"dead runs could not be read: {str(err).splitlines()[0]}")
+            found = {"problems": [f"the beat, limits, sleeping runs and outbox could not be read: "
+                                  f"{str(err).splitlines()[0]}"]}
         now = time()
         with self._lock:
             self.history.add(now, snapshot)
-            self._state = {"latest": snapshot.as_json(), "dead_runs": dead_runs, "history": self.history.series(),
-                           "sampled_at": now}
+            self._state = {"latest": snapshot.as_json(), "dead_runs": found.pop("dead_runs", []), "panels": found,
+                           "history": self.history.series(), "sampled_at": now}
 
-    def _dead_runs(self) -> list[dict[str, Any]]:
-        from celery_durable.store import runs as store_runs
+    def _panels(self) -> dict[str, Any]:
         from celery_durable.store.engine import ensure_schema, unavailable_as_error
-        from celery_durable.store.schema import DEAD
 
         with unavailable_as_error(self.url), ensure_schema(self.url).connect() as conn:
-            found = store_runs.listed(conn, states=[DEAD], limit=DEAD_RUNS_SHOWN)
-        return [{"id": run.id, "task": run.task_name, "queue": run.queue, "attempts": run.attempts,
-                 "updated_at": run.updated_at.isoformat(), "last_error": run.last_error} for run in found]
+            return read_panels(conn, self.app, self.config)
 
     def run_sampler(self) -> None:
         """Sample every ``interval`` until stopped (the first sample is taken before the server starts)."""
@@ -169,12 +166,11 @@ def _handler(dashboard: Dashboard, files: dict[str, tuple[bytes, str]]) -> type[
     return Handler
 
 
-def dashboard_token(app: Any) -> str | None:
-    """``durable_dashboard_token``, validated as a worker would; one line naming it when it is not valid."""
-    from celery_durable.config import DurableConfig
-
+def dashboard_config(app: Any) -> DurableConfig:
+    """The app's ``durable_*`` settings (the token, the lease TTLs the panels judge lateness by), validated
+    as a worker would; one line naming a setting that is not valid."""
     try:
-        return DurableConfig(dashboard_token=app.conf.get("durable_dashboard_token")).dashboard_token
+        return from_celery_conf(app.conf)
     except ConfigInvalid as err:
         raise click.ClickException(str(err)) from None
 
@@ -188,9 +184,12 @@ def dashboard_token(app: Any) -> str | None:
               help="seconds of history the charts show")
 @click.pass_context
 def dashboard(ctx: click.Context, port: int, host: str, interval: float, window: float) -> None:
-    """A live page: workers, queues, runs, dead runs (requeue and cancel with durable_dashboard_token)."""
+    """A live page: workers, queues, runs, the beat, fleet limits, sleeping runs, the outbox, dead runs
+    (requeue and cancel with durable_dashboard_token)."""
     app = ctx.find_root().obj.app
-    board = Dashboard(app, store_url_of(app), dashboard_token(app), interval=interval, window=window)
+    config = dashboard_config(app)
+    app.loader.import_default_modules()  # the tasks its beat_schedule names, as beat imports them
+    board = Dashboard(app, store_url_of(app), config, interval=interval, window=window)
     package = resources.files("celery_durable.cli")
     files = {path: (package.joinpath(name).read_bytes(), content_type)
              for path, (name, content_type) in PAGE_FILES.items()}

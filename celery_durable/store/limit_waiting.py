@@ -118,3 +118,14 @@ def waiting_counts(conn: Connection) -> list[tuple[str, str, str, int]]:
     rows = conn.execute(sa.select(waiting.c.task_name, waiting.c.kind, waiting.c.key, sa.func.count())
                         .group_by(waiting.c.task_name, waiting.c.kind, waiting.c.key)).all()
     return [(t, k, key, int(n)) for t, k, key, n in rows]
+
+
+def waiting_by_scope(conn: Connection) -> list[tuple[str, str, str, int, int, datetime, datetime | None]]:
+    """Per scope: (task, kind, key, waiting, made ready, oldest row's creation, earliest ``publish_at``)."""
+    ready = sa.case((waiting.c.publish_at.is_not(None), 1), else_=0)
+    rows = conn.execute(sa.select(waiting.c.task_name, waiting.c.kind, waiting.c.key, sa.func.count(),
+                                  sa.func.sum(ready), sa.func.min(waiting.c.created_at),
+                                  sa.func.min(waiting.c.publish_at))
+                        .group_by(waiting.c.task_name, waiting.c.kind, waiting.c.key)).all()
+    return [(t, k, key, int(n) - int(made or 0), int(made or 0), oldest, due)
+            for t, k, key, n, made, oldest, due in rows]

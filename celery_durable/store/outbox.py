@@ -89,6 +89,15 @@ def backlog(conn: Connection) -> tuple[int, datetime | None]:
     return int(row[0]), row[1]
 
 
+def failing(conn: Connection, limit: int) -> list[dict[str, Any]]:
+    """Unpublished rows whose publish failed (each keeps its last error), most attempts first."""
+    query = (sa.select(outbox.c.task_id, outbox.c.task_name, outbox.c.attempts, outbox.c.last_error,
+                       outbox.c.created_at, outbox.c.available_at)
+             .where(outbox.c.published_at.is_(None), outbox.c.attempts > 0)
+             .order_by(outbox.c.attempts.desc(), outbox.c.id).limit(limit))
+    return [dict(row) for row in conn.execute(query).mappings()]
+
+
 def get(conn: Connection, task_id: str) -> dict[str, Any] | None:
     row = conn.execute(sa.select(outbox).where(outbox.c.task_id == task_id)).mappings().first()
     return dict(row) if row is not None else None

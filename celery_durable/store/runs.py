@@ -341,6 +341,12 @@ def listed(conn: Connection, *, states: Sequence[str] = (), task: str | None = N
     return [Run(**row._mapping) for row in rows]
 
 
+def sleeping(conn: Connection, limit: int) -> list[Run]:
+    """Runs waiting for a time (a durable sleep), the soonest wake-up first."""
+    query = sa.select(runs).where(runs.c.state == SLEEPING).order_by(runs.c.wake_at, runs.c.id).limit(limit)
+    return [Run(**row._mapping) for row in conn.execute(query)]
+
+
 def count_by_state(conn: Connection) -> dict[str, int]:
     """Runs in the store per state."""
     rows = conn.execute(sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state))

@@ -46,19 +46,20 @@ def browser() -> Iterator[Any]:
     driver.quit()
 
 
-def _env(s: Scenario, url: str, token: str | None) -> dict[str, str]:
+def _env(s: Scenario, url: str, token: str | None, **extra: str) -> dict[str, str]:
     settings = conf(url, **({"durable_dashboard_token": token} if token else {}))
     return {**os.environ, "PYTHONPATH": str(REPO), "E2E_BROKER": s.broker_url, "E2E_QUEUES": ",".join(s.queues),
-            "E2E_CONF": json.dumps(settings), "E2E_KEY": s.key}
+            "E2E_CONF": json.dumps(settings), "E2E_KEY": s.key, **extra}
 
 
 @contextmanager
-def running_dashboard(s: Scenario, url: str, token: str | None) -> Iterator[int]:
-    """``celery durable dashboard`` on a free port, sampling every half second; yields the port."""
+def running_dashboard(s: Scenario, url: str, token: str | None, app: str = APP, **env: str) -> Iterator[int]:
+    """``celery durable dashboard`` of ``app`` (``env``: more environment) on a free port, sampling every half
+    second; yields the port."""
     port = free_port()
     log = open(os.path.join(os.environ.get("E2E_LOG_DIR", "/tmp"), f"dashboard-{port}.log"), "wb")
-    process = subprocess.Popen([sys.executable, "-m", "celery", "-A", APP, "durable", "dashboard", "--port", str(port),
-                                "--interval", "0.5"], cwd=REPO, env=_env(s, url, token), stdout=log,
+    process = subprocess.Popen([sys.executable, "-m", "celery", "-A", app, "durable", "dashboard", "--port", str(port),
+                                "--interval", "0.5"], cwd=REPO, env=_env(s, url, token, **env), stdout=log,
                                stderr=subprocess.STDOUT)
 
     def answers() -> bool:
