@@ -166,7 +166,7 @@ function renderBeat(beat) {
     `lag ${age(fired.lag_seconds)}` : "last fire: none yet";
   fillTable("beat-entries", ["entry", "task", "schedule", "next fire", "last fire", "lag", "paused"],
             beat.entries.map(e => ({attrs: {"data-entry": e.name}, problem: e.problem,
-                                    cells: [e.name, e.task, e.schedule, when(e.next_due), when(e.last_fire_at),
+                                    cells: [e.source === "stored" ? `${e.name} (stored)` : e.name, e.task, e.schedule, when(e.next_due), when(e.last_fire_at),
                                             {class: "num", text: age(e.lag_seconds)}, e.paused ? "paused" : "no"]})),
             "no beat_schedule entry in this app");
 }

@@ -26,12 +26,14 @@ STUCK_AFTER = 30.0
 
 @dataclass(frozen=True)
 class ConfiguredEntry:
-    """A ``beat_schedule`` entry as the dashboard's app reads it; ``next_due`` from its stored watermark."""
+    """A beat entry as the dashboard's app reads it; ``next_due`` from its stored watermark."""
 
     name: str
     task: str
     schedule: str
     next_due: datetime | None
+    #: "code" (the app's ``beat_schedule``) or "stored" (added at run time: ``celery durable schedule add``).
+    source: str = "code"
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -80,7 +82,8 @@ def beat_panel(beat: str, lead: Leadership | None, configured: Sequence[Configur
             cause = f"the leader ({who}) has not sent it" if who else "no beat replica leads, so nothing is sent"
             problem = f"overdue by {_age(late)}: {cause}"
         entries.append({
-            "name": entry.name, "task": entry.task, "schedule": entry.schedule, "paused": paused,
+            "name": entry.name, "source": entry.source, "task": entry.task, "schedule": entry.schedule,
+            "paused": paused,
             "next_due": None if paused else _iso(entry.next_due),
             "last_tick": _iso(state.last_tick if state else None),
             "last_fire_at": _iso(state.last_fire_at if state else None),

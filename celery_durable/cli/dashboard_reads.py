@@ -64,15 +64,34 @@ def _beat(conn: Connection, app: Any, config: DurableConfig, now: Any) -> dict[s
 
     beat = beat_name(app, config)
     states = store_beat.entry_states(conn, beat)
+    code = configured_entries(app)
     configured = []
-    for name, entry in configured_entries(app).items():
+    for name, entry, source in [*((n, e, "code") for n, e in code.items()), *_stored_entries(conn, app, beat, code)]:
         state = states.get(name)
         # A replica starts tracking an entry from when it first sees it: until then, from now.
         next_due = next_occurrence(entry.schedule, state.watermark if state else now)
-        configured.append(panels.ConfiguredEntry(name, entry.task, str(entry.schedule), next_due))
+        configured.append(panels.ConfiguredEntry(name, entry.task, str(entry.schedule), next_due, source))
     # The scheduler's own grace (beat/scheduler.py): a tick later than this is not a handover.
     grace = config.beat_lease_ttl + 2 * STANDBY_POLL
     return panels.beat_panel(beat, store_beat.leadership(conn, beat), configured, states, now, grace)
+
+
+def _stored_entries(conn: Connection, app: Any, beat: str, code: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    """The entries stored at run time, as the leader merges them (a name of both is the code's; one that does
+    not read is left out, as the leader leaves it out: ``schedule list`` names it)."""
+    from celery_durable.beat.stored import as_beat_entry
+    from celery_durable.errors import DurableError
+    from celery_durable.store.beat_schedule import stored_entries
+
+    found = []
+    for name, row in stored_entries(conn, beat).items():
+        if name in code:
+            continue
+        try:
+            found.append((name, as_beat_entry(app, row), "stored"))
+        except DurableError:
+            continue
+    return found
 
 
 def _limits(conn: Connection, now: Any) -> list[dict[str, Any]]:

@@ -104,3 +104,16 @@ def test_a_schedule_the_dashboard_cannot_read_is_a_problem_and_the_other_panels_
     assert found["beat"] is None and found["outbox"]["backlog"] == 0
     assert found["problems"] == ["the beat could not be read: beat_schedule entry 'bad': task 'not.registered' is "
                                  "not registered in this app (is the module defining it imported?)"]
+
+
+def test_the_beat_panel_lists_entries_stored_at_run_time_beside_the_apps_and_a_stored_name_of_both_once(store_url):
+    from celery_durable.beat import schedule_entries
+
+    app = _app()
+    app.conf.durable_database_url = store_url
+    ensure_schema(store_url)
+    schedule_entries.add(app, "ping", task="ops.ping", every=30)
+    with engine_for(store_url).connect() as conn:
+        found = read_panels(conn, app, from_celery_conf(app.conf))
+    entries = {e["name"]: (e["source"], e["task"]) for e in found["beat"]["entries"]}
+    assert entries == {"hourly": ("code", "reports.send"), "ping": ("stored", "ops.ping")}

@@ -53,7 +53,8 @@ def test_entries_show_their_last_send_its_lag_and_when_they_are_next_due():
     panel = beat_panel("prod", Leadership(new_holder("b", 9), 2, at(5)), [entry("hourly", 30), entry("nightly", -500)],
                        states, NOW, GRACE)
     hourly, nightly = panel["entries"]
-    assert hourly == {"name": "hourly", "task": "reports.send", "schedule": "<freq: 1.00 minute>", "paused": False,
+    assert hourly == {"name": "hourly", "source": "code", "task": "reports.send", "schedule": "<freq: 1.00 minute>",
+                      "paused": False,
                       "next_due": at(30).isoformat(), "last_tick": at(-30).isoformat(),
                       "last_fire_at": at(-29.2).isoformat(), "lag_seconds": 0.8, "problem": None}
     # Paused: not due, and not late however far its watermark is behind.
