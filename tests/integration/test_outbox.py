@@ -258,9 +258,10 @@ def test_a_chains_task_id_names_its_last_step_and_nested_chains_are_spliced(
 
 def test_backlog_gauges_read_the_table_at_scrape(store_url: str, user_engine: sa.engine.Engine) -> None:
     app = make_app(broker_url("redis"), store_url)
-    watch(Relay(app).url)
-    label = next(iter({s.labels["store"] for m in REGISTRY.collect() if m.name == "durable_outbox_backlog"
-                       for s in m.samples}))
+    relay_url = Relay(app).url
+    watch(relay_url)
+    # This test's own store: other tests of the process watch theirs too.
+    label = store_label(relay_url)
 
     def gauge(name: str) -> float:
         return float(REGISTRY.get_sample_value(name, {"store": label}) or 0.0)
