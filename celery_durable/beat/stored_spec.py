@@ -18,8 +18,9 @@ from typing import Any
 from celery.schedules import crontab as celery_crontab
 
 from celery_durable.beat.entries import CATCH_UP_OPTION
+from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.errors import BeatEntryInvalid
-from celery_durable.planning.beat_ticks import CATCH_UP_CHOICES
+from celery_durable.planning.beat_ticks import CATCH_UP_CHOICES, next_occurrence
 from celery_durable.store.beat_schedule import StoredEntry
 
 #: The fields an add or an edit may give (the command line's options, without the dashes).
@@ -108,7 +109,8 @@ def _crontab(name: str, given: Any) -> str:
         raise _bad(name, f"crontab must be a crontab line of at most {CRONTAB_MAX} characters, got {given!r}")
     line = " ".join(given.split())
     try:
-        celery_crontab.from_string(line)
+        # Asked when it is next due: Celery < 5.7 builds a crontab no date matches and fails only then.
+        next_occurrence(celery_crontab.from_string(line), SYSTEM_CLOCK.now())
     except Exception as err:  # noqa: BLE001 - whatever the parser says is wrong, named
         raise _bad(name, f"crontab {line!r} is not a crontab line (minute hour day-of-month month "
                          f"day-of-week): {err}") from None

@@ -90,7 +90,12 @@ def next_occurrence(schedule: Schedule, after: datetime) -> datetime:
     """
     pinned = copy.copy(schedule)
     pinned.nowfun = lambda: after
-    remaining = pinned.remaining_estimate(after)
+    try:
+        remaining = pinned.remaining_estimate(after)
+    except RuntimeError as err:
+        # Celery < 5.7 accepts a crontab no date matches (day 31 of February) and fails here ("unable to
+        # rollover"); 5.7 refuses it when it is built.
+        raise ScheduleUnusable(f"schedule {schedule!r} has no occurrence: {err}") from None
     occurrence: datetime = (after + remaining).astimezone(timezone.utc)
     if occurrence <= after:
         raise ScheduleUnusable(f"schedule {schedule!r} gave no occurrence after {after.isoformat()}")
