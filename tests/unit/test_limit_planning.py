@@ -335,10 +335,10 @@ def test_a_task_class_declaring_a_typo_is_refused_when_its_limits_are_read():
 
     app = Celery("t", set_as_current=False)
 
-    @app.task(name="tasks.typo", durable_concurency=2)
+    @app.task(name="tasks.typo", durable_concurency=2, shared=False)  # not added to other tests' apps
     def typo() -> None: ...
 
-    @app.task(name="tasks.fine", durable_concurrency=2)
+    @app.task(name="tasks.fine", durable_concurrency=2, shared=False)
     def fine() -> None: ...
 
     with pytest.raises(LimitInvalid, match="'tasks.typo': durable_concurency .* did you mean durable_concurrency"):
