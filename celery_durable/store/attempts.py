@@ -28,13 +28,18 @@ class Start:
 
 def start(conn: Connection, *, run_id: str, task_name: str, queue: str | None, args: str, kwargs: str,
           token: str, lease_seconds: float, resume: str | None = None, retries: int = 0) -> Start:
-    """:func:`runs.begin_attempt`, then the checkpoints of a run it started: one round trip on PostgreSQL.
+    """:func:`runs.begin_attempt`, then the checkpoints of a run it started before.
 
-    SQLite runs each statement in-process (no wire to save), and its driver
-    takes one statement per call: there, the start, then the checkpoints of a
-    run started before (a new run has none, so it skips the read).
+    One round trip on PostgreSQL for a delivery that expects checkpoints: a
+    retry (``retries`` > 0) or a hand-off (``resume``: a durable sleep's
+    wake-up, a re-send after a store outage). Any other delivery is most often
+    a new run, which has no checkpoints and skips the read: its start alone is
+    cheaper than the two-statement message (measured ~0.2 ms less a run), and
+    the rare one that turns out to be a takeover reads them in a second round
+    trip. SQLite runs each statement in-process (no wire to save), and its
+    driver takes one statement per call.
     """
-    if conn.dialect.name != "postgresql":
+    if conn.dialect.name != "postgresql" or (resume is None and retries == 0):
         run, started = runs.begin_attempt(conn, run_id=run_id, task_name=task_name, queue=queue, args=args,
                                           kwargs=kwargs, token=token, lease_seconds=lease_seconds, resume=resume,
                                           retries=retries)
