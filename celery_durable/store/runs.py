@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from celery_durable.store.attempt_sql import attempt_binds, begin_attempt_sql, typed_attempt_binds
 from celery_durable.store.clock import store_now
 from celery_durable.store.schema import (
     CANCELLED,
@@ -76,36 +77,29 @@ def render_error(exc: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 15] + "... [truncated]"
 
 
-def _begin_attempt_statement() -> sa.TextualSelect:
-    # Written out once rather than built per call: SQLAlchemy cannot cache an
-    # ON CONFLICT construct ("no key"), and recompiling it cost ~1 ms per run.
-    # The same text is valid on PostgreSQL and on SQLite (>= 3.35, RETURNING).
-    # In DO UPDATE, the table's own name reads the row as it was.
-    t = runs.name
-    settled = ", ".join(f"'{state}'" for state in sorted(SETTLED))
-    columns = ", ".join(c.name for c in runs.c)
-    lost = (f"CASE WHEN {t}.state = '{RUNNING}' AND {t}.lease_holder IS NOT NULL "
-            f"AND {t}.lease_holder <> COALESCE(:resume, '') THEN 1 ELSE 0 END")
-    return sa.text(
-        f"INSERT INTO {t} (id, task_name, queue, state, attempts, args, kwargs, started_at, updated_at, "
-        f"lease_holder, lease_expires_at, lost_attempts, retries) "
-        f"VALUES (:id, :task_name, :queue, '{RUNNING}', 1, :args, :kwargs, :at, :at, :token, :expires, 0, "
-        f":retries) "
-        f"ON CONFLICT (id) DO UPDATE SET state = '{RUNNING}', attempts = {t}.attempts + 1, "
-        f"lost_attempts = {t}.lost_attempts + {lost}, retries = :retries, wake_at = NULL, "
-        f"lease_holder = :token, lease_expires_at = :expires, updated_at = :at "
-        f"WHERE {t}.state NOT IN ({settled}) AND ({t}.lease_holder IS NULL "
-        f"OR {t}.lease_holder = :resume "
-        f"OR ({t}.state = '{RUNNING}' AND {t}.lease_expires_at <= :at)) "
-        f"RETURNING {columns}"
-    ).bindparams(
-        sa.bindparam("at", type_=runs.c.started_at.type),
-        sa.bindparam("expires", type_=runs.c.lease_expires_at.type),
-        sa.bindparam("resume", type_=runs.c.lease_holder.type),
-    ).columns(*runs.c)
+_BEGIN_ATTEMPT = typed_attempt_binds(sa.text(f"{begin_attempt_sql()} RETURNING {', '.join(c.name for c in runs.c)}"))\
+    .columns(*runs.c)
 
 
-_BEGIN_ATTEMPT = _begin_attempt_statement()
+def _settle_statement() -> sa.Update:
+    # Built once: building the UPDATE and its cache key per call cost ~0.25 ms a run. The holder is
+    # compared with IS NOT DISTINCT FROM (SQLite: IS): a run buried without a holder has NULL there.
+    return sa.update(runs).where(
+        runs.c.id == sa.bindparam("run_id", type_=runs.c.id.type), runs.c.state.not_in(sorted(SETTLED)),
+        runs.c.lease_holder.is_not_distinct_from(sa.bindparam("holder", type_=runs.c.lease_holder.type)),
+    ).values(
+        state=sa.bindparam("new_state", type_=runs.c.state.type),
+        result=sa.bindparam("new_result", type_=runs.c.result.type),
+        updated_at=sa.bindparam("at", type_=runs.c.updated_at.type),
+        finished_at=sa.bindparam("finished", type_=runs.c.finished_at.type),
+        lease_holder=None, lease_expires_at=None,
+        settled_by=sa.bindparam("settler", type_=runs.c.settled_by.type),
+        # error=None keeps the last error
+        last_error=sa.func.coalesce(sa.bindparam("error", type_=runs.c.last_error.type), runs.c.last_error),
+    )
+
+
+_SETTLE = _settle_statement()
 
 def _require_supported(conn: Connection) -> None:
     if conn.dialect.name not in SUPPORTED_BACKENDS:
@@ -124,11 +118,9 @@ def begin_attempt(conn: Connection, *, run_id: str, task_name: str, queue: str |
     """
     _require_supported(conn)
     at = store_now(conn)
-    row = conn.execute(_BEGIN_ATTEMPT, {
-        "id": run_id, "task_name": task_name, "queue": queue, "args": args, "kwargs": kwargs,
-        "at": at, "token": token, "expires": at + timedelta(seconds=lease_seconds), "resume": resume,
-        "retries": retries,
-    }).one_or_none()
+    row = conn.execute(_BEGIN_ATTEMPT, attempt_binds(
+        run_id=run_id, task_name=task_name, queue=queue, args=args, kwargs=kwargs, token=token, at=at,
+        lease_seconds=lease_seconds, resume=resume, retries=retries)).one_or_none()
     if row is not None:
         return Run(**row._mapping), True
     found = get(conn, run_id)
@@ -232,10 +224,9 @@ def settle(conn: Connection, run: Run, state: str, *, result: str | None = None,
                               "settled_by": run.lease_holder if state in SETTLED else None}
     if error is not None:
         values["last_error"] = error
-    written = conn.execute(
-        sa.update(runs).where(runs.c.id == run.id, runs.c.state.not_in(sorted(SETTLED)),
-                              runs.c.lease_holder == run.lease_holder).values(**values)
-    )
+    written = conn.execute(_SETTLE, {"run_id": run.id, "holder": run.lease_holder, "new_state": state,
+                                     "new_result": result, "at": at, "finished": values["finished_at"],
+                                     "settler": values["settled_by"], "error": error})
     if written.rowcount != 1:
         return None
     return Run(**{**run.__dict__, **values})

@@ -32,7 +32,7 @@ from celery_durable.metrics import jobs as metrics
 from celery_durable.planning import run_admission
 from celery_durable.planning.checkpoints import Ledger, check_run_id
 from celery_durable.planning.run_admission import BURY, DUPLICATE, RUN, UNSEEN_OUTCOME, RowView
-from celery_durable.store import outage, runs, steps
+from celery_durable.store import attempts, outage, runs
 from celery_durable.store.clock import store_now
 from celery_durable.store.engine import autocommit, ensure_schema, store_url, unavailable_as_error
 from celery_durable.store.json_values import encode, from_json
@@ -79,13 +79,11 @@ def execute(task: Any, body: Callable[..., Any], bind: bool, args: tuple[Any, ..
             with unavailable_as_error(url):
                 conn = autocommit(engine).connect()
                 try:
-                    run, started = runs.begin_attempt(conn, run_id=request.id, task_name=task.name, queue=queue,
-                                                      args=args_json, kwargs=kwargs_json, token=token,
-                                                      lease_seconds=ttl, resume=resume,
-                                                      retries=int(request.retries or 0))
-                    # attempts == 1 only on the insert that created the run: no step can exist yet,
-                    # so a new run skips the read (every later attempt counts one more).
-                    ledger = Ledger(stored=steps.load(conn, run.id)) if started and run.attempts > 1 else Ledger()
+                    found = attempts.start(conn, run_id=request.id, task_name=task.name, queue=queue,
+                                           args=args_json, kwargs=kwargs_json, token=token, lease_seconds=ttl,
+                                           resume=resume, retries=int(request.retries or 0))
+                    run, started = found.run, found.started
+                    ledger = Ledger(stored=found.checkpoints)
                 except BaseException:
                     conn.close()
                     raise
