@@ -77,10 +77,11 @@ def install(app: Any) -> Any:
     "durable"``), adds ``app.durable_task``, adds the worker options
     (``--max-in-flight``, ``--queue-concurrency``, ``--drain-timeout``,
     ``--metrics-port``), makes a revoke of a durable task cancel its run
-    (any pool), registers the ``durable+postgresql://`` broker URL (docs/pg-broker.md) and stamps
-    each task message sent with its send time (the
-    ``durable_sent_at`` header the queue gauges read). Settings are read and validated when a worker boots; the
-    durable store is opened on a durable task's first run.
+    (any pool), registers the ``durable+postgresql://`` broker URL (docs/pg-broker.md), stamps
+    each task message sent with its send time (the ``durable_sent_at`` header the queue gauges
+    read) and keeps its ``expires`` in its headers only, not as RabbitMQ's per-message TTL (an
+    expired task ends REVOKED; docs/worker.md). Settings are read and validated when a worker
+    boots; the durable store is opened on a durable task's first run.
     """
     _register_pool()
     _register_broker()

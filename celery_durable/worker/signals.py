@@ -7,6 +7,7 @@ from typing import Any
 
 from celery import signals
 
+from celery_durable.compat.task_expiry import keep_expiry_in_headers
 from celery_durable.tasks.revocation import on_task_revoked
 from celery_durable.tasks.sent_stamp import stamp
 
@@ -14,12 +15,15 @@ Receiver = Callable[..., Any]
 
 
 def connect_install() -> None:
-    """What ``install(app)`` adds to every process: a revoke cancels its run; each message sent is stamped.
+    """What ``install(app)`` adds to every process: a revoke cancels its run; each message sent is stamped
+    and keeps its expiry in its headers (an expired task ends REVOKED, not dropped by RabbitMQ unseen).
 
     Once per process, however many apps install celery_durable (the dispatch uids).
     """
     signals.task_revoked.connect(on_task_revoked, weak=False, dispatch_uid="celery_durable.task_revoked")
     signals.before_task_publish.connect(stamp, weak=False, dispatch_uid="celery_durable.sent_stamp")
+    signals.before_task_publish.connect(keep_expiry_in_headers, weak=False,
+                                        dispatch_uid="celery_durable.keep_expiry_in_headers")
 
 
 def connect_task_outcomes() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from celery import Celery, signals
 
 import celery_durable
+from celery_durable.compat.task_expiry import keep_expiry_in_headers
 from celery_durable.tasks.revocation import on_task_revoked
 from celery_durable.tasks.sent_stamp import stamp
 
@@ -38,11 +39,14 @@ def test_installing_twice_connects_each_receiver_once():
     # A receiver connected with a dispatch uid is keyed by it: once per process, however many apps.
     assert [key[0] for key, _ in signals.task_revoked.receivers].count("celery_durable.task_revoked") == 1
     assert [key[0] for key, _ in signals.before_task_publish.receivers].count("celery_durable.sent_stamp") == 1
+    assert [key[0] for key, _ in signals.before_task_publish.receivers].count(
+        "celery_durable.keep_expiry_in_headers") == 1
 
 
-def test_the_install_receivers_are_the_revoke_cancel_and_the_sent_stamp():
+def test_the_install_receivers_are_the_revoke_cancel_the_sent_stamp_and_the_expiry_kept_in_headers():
     celery_durable.install(Celery("signals-c"))
     revoked = {key[0]: ref for key, ref in signals.task_revoked.receivers}
     published = {key[0]: ref for key, ref in signals.before_task_publish.receivers}
     assert revoked["celery_durable.task_revoked"] is on_task_revoked
     assert published["celery_durable.sent_stamp"] is stamp
+    assert published["celery_durable.keep_expiry_in_headers"] is keep_expiry_in_headers
