@@ -14,7 +14,7 @@ is skipped with a warning instead of stopping the beat.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -34,6 +34,22 @@ def as_beat_entry(app: Any, entry: StoredEntry) -> BeatEntry:
         return read_entry(app, entry.name, entry.as_config(), stored=True)
     except BeatEntryInvalid as err:
         raise BeatEntryInvalid(str(err).replace("beat_schedule entry", "schedule entry", 1)) from None
+
+
+def readable(app: Any, rows: Mapping[str, StoredEntry],
+             code: Collection[str]) -> tuple[dict[str, BeatEntry], dict[str, BeatEntryInvalid]]:
+    """The stored ``rows`` the beat would run beside the entries named ``code``, and apart, with why, those that
+    do not read. A name of both is the code's: left out, as the leader leaves it out."""
+    entries: dict[str, BeatEntry] = {}
+    unreadable: dict[str, BeatEntryInvalid] = {}
+    for name, row in rows.items():
+        if name in code:
+            continue
+        try:
+            entries[name] = as_beat_entry(app, row)
+        except BeatEntryInvalid as err:
+            unreadable[name] = err
+    return entries, unreadable
 
 
 class MergedSchedule:

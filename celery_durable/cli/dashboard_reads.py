@@ -59,14 +59,20 @@ def read_panels(conn: Connection, app: Any, config: DurableConfig) -> dict[str, 
 
 def _beat(conn: Connection, app: Any, config: DurableConfig, now: Any) -> dict[str, Any]:
     from celery_durable.beat.scheduler import STANDBY_POLL
+    from celery_durable.beat.stored import readable
     from celery_durable.planning.beat_ticks import next_occurrence
     from celery_durable.store import beat as store_beat
+    from celery_durable.store.beat_schedule import stored_entries
 
     beat = beat_name(app, config)
     states = store_beat.entry_states(conn, beat)
     code = configured_entries(app)
     configured = []
-    for name, entry, source in [*((n, e, "code") for n, e in code.items()), *_stored_entries(conn, app, beat, code)]:
+    # Stored entries as the leader merges them; one that does not read is left out (``schedule list`` names it).
+    stored, _ = readable(app, stored_entries(conn, beat), code)
+    sourced = [(name, entry, "code") for name, entry in code.items()]
+    sourced += [(name, entry, "stored") for name, entry in stored.items()]
+    for name, entry, source in sourced:
         state = states.get(name)
         # A replica starts tracking an entry from when it first sees it: until then, from now.
         next_due = next_occurrence(entry.schedule, state.watermark if state else now)
@@ -74,24 +80,6 @@ def _beat(conn: Connection, app: Any, config: DurableConfig, now: Any) -> dict[s
     # The scheduler's own grace (beat/scheduler.py): a tick later than this is not a handover.
     grace = config.beat_lease_ttl + 2 * STANDBY_POLL
     return panels.beat_panel(beat, store_beat.leadership(conn, beat), configured, states, now, grace)
-
-
-def _stored_entries(conn: Connection, app: Any, beat: str, code: dict[str, Any]) -> list[tuple[str, Any, str]]:
-    """The entries stored at run time, as the leader merges them (a name of both is the code's; one that does
-    not read is left out, as the leader leaves it out: ``schedule list`` names it)."""
-    from celery_durable.beat.stored import as_beat_entry
-    from celery_durable.errors import DurableError
-    from celery_durable.store.beat_schedule import stored_entries
-
-    found = []
-    for name, row in stored_entries(conn, beat).items():
-        if name in code:
-            continue
-        try:
-            found.append((name, as_beat_entry(app, row), "stored"))
-        except DurableError:
-            continue
-    return found
 
 
 def _limits(conn: Connection, now: Any) -> list[dict[str, Any]]:

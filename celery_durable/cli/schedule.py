@@ -41,8 +41,7 @@ def _beat_of(ctx: click.Context) -> tuple[Any, str, str, dict[str, Any], frozens
 
 def _stored(app: Any, url: str, beat: str, code: set[str]) -> dict[str, Any]:
     """The stored entries as the beat runs them; one that does not read is named on stderr, not shown."""
-    from celery_durable.beat.stored import as_beat_entry
-    from celery_durable.errors import BeatEntryInvalid
+    from celery_durable.beat.stored import readable
     from celery_durable.store.beat_schedule import stored_entries
     from celery_durable.store.engine import autocommit, ensure_schema, unavailable_as_error
 
@@ -51,14 +50,10 @@ def _stored(app: Any, url: str, beat: str, code: set[str]) -> dict[str, Any]:
             rows = stored_entries(conn, beat)
     except Exception as err:  # noqa: BLE001 - one line naming the store, no traceback
         raise click.ClickException(str(err).splitlines()[0]) from None
-    entries = {}
-    for name, row in rows.items():
-        if name in code:
-            continue  # the beat runs the code's entry of that name, so do these commands
-        try:
-            entries[name] = as_beat_entry(app, row)
-        except BeatEntryInvalid as err:
-            click.echo(f"warning: {err} (stored; the beat does not run it)", err=True)
+    # A name of both is the code's: the beat runs that one, and so do these commands.
+    entries, unreadable = readable(app, rows, code)
+    for refusal in unreadable.values():
+        click.echo(f"warning: {refusal} (stored; the beat does not run it)", err=True)
     return entries
 
 
