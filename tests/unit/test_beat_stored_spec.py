@@ -10,7 +10,7 @@ from celery import Celery
 from celery.schedules import crontab, schedule
 
 from celery_durable.beat.entries import read_entry
-from celery_durable.beat.stored import MergedSchedule, as_beat_entry
+from celery_durable.beat.stored import MergedSchedule, as_beat_entry, readable
 from celery_durable.beat.stored_spec import checked_edit, checked_new
 from celery_durable.errors import BeatEntryInvalid
 from celery_durable.store.beat_schedule import StoredEntry
@@ -136,3 +136,11 @@ def test_a_stored_row_that_no_longer_reads_is_skipped_and_said_not_run(caplog):
     unreadable = StoredEntry("bad", "known.task", None, "0 0 31 2 *")  # written by hand, past the checks
     assert merged.merge({"bad": unreadable}) == {}
     assert [r.event for r in caplog.records] == ["durable.beat.stored_entry_unreadable"]  # type: ignore[attr-defined]
+
+
+def test_readable_leaves_out_the_codes_names_and_sets_apart_a_row_that_does_not_read():
+    rows = {"ping": StoredEntry("ping", "known.task", 30.0), "hourly": StoredEntry("hourly", "known.task", 5.0),
+            "bad": StoredEntry("bad", "known.task", None, "0 0 31 2 *")}
+    entries, unreadable = readable(_app(), rows, {"hourly"})
+    assert list(entries) == ["ping"] and entries["ping"].task == "known.task"
+    assert list(unreadable) == ["bad"] and "bad" in str(unreadable["bad"])
