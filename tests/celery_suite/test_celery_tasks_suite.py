@@ -11,10 +11,13 @@ rule is the issue's own: every test that passes on stock passes under ``-P durab
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +26,7 @@ import celery
 import pytest
 from kombu import Connection
 
-from tests.services import REDIS_URL, broker_url
+from tests.services import broker_url, in_ci
 
 pytestmark = [pytest.mark.timeout(3600)]
 
@@ -65,8 +68,13 @@ def celery_tests() -> Path:
             tar.extractall(staged, members=members, filter="data")
         conftest = staged / "t" / "integration" / "conftest.py"
         conftest.write_text(conftest.read_text() + "\n\n" + (HERE / "integration_overrides.py").read_text())
-        # A rename: a run interrupted half way leaves no cache that looks complete.
-        staged.rename(root)
+        # A rename: a run interrupted half way leaves no cache that looks complete. Two xdist workers fill
+        # a cold cache side by side; the one that renames second finds the other's complete copy there.
+        try:
+            staged.rename(root)
+        except OSError:
+            if not (root / "t" / "integration" / "conftest.py").exists():
+                raise
     return root
 
 
@@ -80,12 +88,19 @@ def outcomes(junit: Path) -> dict[str, str]:
     return found
 
 
-def run_suite(root: Path, pool: str, broker: str, out: Path) -> dict[str, str]:
+def run_suite(root: Path, pool: str, broker: str, backend: str, out: Path) -> dict[str, str]:
     with Connection(broker) as conn:
         # Celery's suite uses the queue ``celery``: what an interrupted run left there would run in this one.
-        conn.default_channel.queue_purge("celery")
+        # On a broker that never had it (a fresh RabbitMQ says 404), there is nothing to purge.
+        try:
+            conn.default_channel.queue_purge("celery")
+        except conn.channel_errors:
+            pass
     junit = out / f"{pool}.xml"
-    env = dict(os.environ, CELERY_SUITE_POOL=pool, TEST_BROKER=broker, TEST_BACKEND=REDIS_URL)
+    # Celery's tasks.get_redis_connection (the channels it lists, the keys its tasks write) reads REDIS_HOST/PORT.
+    backend_host, backend_port = backend.removeprefix("redis://").split("/")[0].split(":")
+    env = dict(os.environ, CELERY_SUITE_POOL=pool, TEST_BROKER=broker, TEST_BACKEND=backend,
+               REDIS_HOST=backend_host, REDIS_PORT=backend_port)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", TEST_FILE, "-p", "no:cacheprovider", "-p", "celery.contrib.pytest",
          "-q", "-o", "addopts=", "-o", "python_classes=test_*", "-W", "ignore::pytest.PytestUnknownMarkWarning",
@@ -101,10 +116,55 @@ def suite_broker(request: pytest.FixtureRequest) -> Iterator[str]:
     yield broker_url(request.param)
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def suite_backend(tmp_path: Path) -> Iterator[str]:
+    """A Redis server of this run's own, for its results.
+
+    Celery's test_asyncresult_*_cancels_subscription compare the server's PUBSUB CHANNELS before and after a
+    task; pub/sub is server-wide (not per database), so the other broker's run, side by side under -n 2, showed
+    up in them (CI failed once on it). The server is this test's, never the developer's shared one.
+    """
+    server = shutil.which("redis-server")
+    if server is None:
+        if in_ci():
+            pytest.fail("redis-server is not installed (CI needs it for the suite's own result backend)")
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    process = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        wait_for_redis(url, process)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def wait_for_redis(url: str, process: subprocess.Popen[bytes], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with Connection(url) as conn:
+                conn.ensure_connection(max_retries=1)
+            return
+        except Exception as problem:  # polled until the deadline, then reported
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the suite's own redis-server at {url} did not come up: {problem}") from problem
+            time.sleep(0.05)
+
+
 @pytest.mark.celery_suite
 def test_celerys_task_tests_pass_under_durable_but_for_what_fails_on_stock(
-        celery_tests: Path, suite_broker: str, tmp_path: Path) -> None:
-    durable = run_suite(celery_tests, "durable", suite_broker, tmp_path)
+        celery_tests: Path, suite_broker: str, suite_backend: str, tmp_path: Path) -> None:
+    durable = run_suite(celery_tests, "durable", suite_broker, suite_backend, tmp_path)
     print(f"\n{suite_broker}: durable {summary(durable)}")
     assert durable.get(EXPIRED) == "passed", (tmp_path / "durable.log").read_text()[-5000:]
     failed = sorted(name for name, outcome in durable.items() if outcome == "failed")
@@ -113,9 +173,9 @@ def test_celerys_task_tests_pass_under_durable_but_for_what_fails_on_stock(
 
 @pytest.mark.soak
 def test_celerys_task_tests_pass_under_durable_wherever_they_pass_on_stock(
-        celery_tests: Path, suite_broker: str, tmp_path: Path) -> None:
-    stock = run_suite(celery_tests, "prefork", suite_broker, tmp_path)
-    durable = run_suite(celery_tests, "durable", suite_broker, tmp_path)
+        celery_tests: Path, suite_broker: str, suite_backend: str, tmp_path: Path) -> None:
+    stock = run_suite(celery_tests, "prefork", suite_broker, suite_backend, tmp_path)
+    durable = run_suite(celery_tests, "durable", suite_broker, suite_backend, tmp_path)
     print(f"\n{suite_broker}: stock {summary(stock)}; durable {summary(durable)}")
     assert durable.get(EXPIRED) == "passed", (tmp_path / "durable.log").read_text()[-5000:]
     regressed = sorted(name for name, outcome in stock.items() if outcome == "passed" and durable.get(name) != "passed")
