@@ -62,6 +62,9 @@ class MergedSchedule:
         #: Each stored row as last read, and what it became (None: it did not read).
         self._seen: dict[str, tuple[StoredEntry, BeatEntry | None]] = {}
         self._shadowed: set[str] = set()
+        #: Whether a round has read the rows yet: what the first round finds was there before this leader
+        #: (``stored_entry_loaded``), not added (a new leader would otherwise say every entry was just added).
+        self._loaded = False
 
     def entries(self, conn: Connection) -> dict[str, BeatEntry]:
         """The entries to run this round, in the caller's transaction."""
@@ -75,7 +78,8 @@ class MergedSchedule:
                 continue
             seen = self._seen.get(name)
             if seen is None or seen[0] != row:
-                self._seen[name] = (row, self._read(row, "added" if seen is None else "edited"))
+                change = "edited" if seen is not None else "added" if self._loaded else "loaded"
+                self._seen[name] = (row, self._read(row, change))
             entry = self._seen[name][1]
             if entry is not None:
                 merged[name] = entry
@@ -83,6 +87,7 @@ class MergedSchedule:
             del self._seen[name]
             logger.info("durable.beat.stored_entry_removed beat=%s entry=%s", self.beat, name,
                         extra={"event": "durable.beat.stored_entry_removed", "beat": self.beat, "entry": name})
+        self._loaded = True
         return merged
 
     def _read(self, row: StoredEntry, change: str) -> BeatEntry | None:

@@ -118,6 +118,7 @@ def test_the_leader_merges_stored_entries_under_the_codes_and_says_what_changed(
     caplog.set_level(logging.INFO, logger="celery_durable.beat")
     added = {"ping": checked_new("ping", task="known.task", every=1),
              "nightly": checked_new("nightly", task="known.task", every=2)}
+    assert merged.merge({}) == code, "the leader's first round: nothing stored yet"
     first = merged.merge(added)
     assert sorted(first) == ["nightly", "ping"]
     assert first["nightly"] is code["nightly"], "the code's entry wins a shared name"
@@ -129,6 +130,17 @@ def test_the_leader_merges_stored_entries_under_the_codes_and_says_what_changed(
     events = [r.event for r in caplog.records]  # type: ignore[attr-defined]
     assert events == ["durable.beat.stored_entry_added", "durable.beat.stored_entry_shadowed",
                       "durable.beat.stored_entry_edited", "durable.beat.stored_entry_removed"], events
+
+
+def test_a_new_leader_says_the_entries_it_finds_were_loaded_not_added(caplog):
+    app = _app()
+    caplog.set_level(logging.INFO, logger="celery_durable.beat")
+    before = {"ping": checked_new("ping", task="known.task", every=1)}
+    merged = MergedSchedule(app, "b", {})
+    merged.merge(before)
+    merged.merge({**before, "pong": checked_new("pong", task="known.task", every=2)})
+    said = [(r.event, r.entry) for r in caplog.records]  # type: ignore[attr-defined]
+    assert said == [("durable.beat.stored_entry_loaded", "ping"), ("durable.beat.stored_entry_added", "pong")], said
 
 
 def test_a_stored_row_that_no_longer_reads_is_skipped_and_said_not_run(caplog):
