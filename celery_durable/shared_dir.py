@@ -17,10 +17,21 @@ from pathlib import Path
 ENV_VAR = "CELERY_DURABLE_COUNTS_DIR"
 
 
+#: The last value of ENV_VAR read and its Path: every count a pool child takes asks for the
+#: directory, and building a Path each time was a third of what a count cost.
+_last: tuple[str, Path] | None = None
+
+
 def shared_dir() -> Path | None:
     """The directory this process's worker shares, or None (a stock worker, a script: each process alone)."""
+    global _last
     value = os.environ.get(ENV_VAR)
-    return Path(value) if value else None
+    if not value:
+        return None
+    last = _last
+    if last is None or last[0] != value:
+        _last = last = (value, Path(value))
+    return last[1]
 
 
 #: A shared directory's name starts with this and the pid of the worker that made it.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import mmap
 import os
 import struct
@@ -54,7 +55,9 @@ _LENGTH_AT, _SEQUENCE_AT = 4, 8
 _INITIAL_SIZE = 16 * 1024
 _READ_ATTEMPTS = 50
 
-_maps: dict[Path, tuple[mmap.mmap, int]] = {}
+#: Each file this process writes, by (directory, name) as strings: hashing a fresh Path per count cost more
+#: than the write itself.
+_maps: dict[tuple[str, str], tuple[mmap.mmap, int]] = {}
 _last_read: dict[Path, bytes] = {}
 
 
@@ -68,6 +71,19 @@ def row(key: tuple[str, ...], value: float) -> str:
     return json.dumps([*key, float(value)])
 
 
+def row_head(key: tuple[str, ...]) -> str:
+    """A row's JSON up to its count, for :func:`row_with`: a key's labels never change, its count does."""
+    return json.dumps([*key, 0.0])[:-len("0.0]")]
+
+
+def row_with(head: str, value: float) -> str:
+    """:func:`row` of the key ``head`` was made from, without encoding its labels again."""
+    value = float(value)
+    if not math.isfinite(value):
+        return row(tuple(json.loads(head + "0.0]")[:-1]), value)  # json's NaN/Infinity spellings
+    return f"{head}{value!r}]"
+
+
 def write_rows(directory: Path, name: str, rows: Collection[str]) -> None:
     """:func:`write` of rows already made by :func:`row`.
 
@@ -79,11 +95,11 @@ def write_rows(directory: Path, name: str, rows: Collection[str]) -> None:
 
 
 def _publish(directory: Path, name: str, data: bytes) -> None:
-    path = directory / name
+    where = (str(directory), name)
     try:
-        mapped = _maps.get(path)
+        mapped = _maps.get(where)
         if mapped is None or _HEADER.size + len(data) > len(mapped[0]):
-            _maps[path] = mapped = _create(path, data, previous=mapped)
+            _maps[where] = mapped = _create(directory / name, data, previous=mapped)
             return
         view, sequence = mapped
         # Odd while the table and its length change; even again only after
@@ -92,7 +108,7 @@ def _publish(directory: Path, name: str, data: bytes) -> None:
         view[_HEADER.size:_HEADER.size + len(data)] = data
         _LENGTH.pack_into(view, _LENGTH_AT, len(data))
         _SEQUENCE.pack_into(view, _SEQUENCE_AT, sequence + 2)
-        _maps[path] = (view, sequence + 2)
+        _maps[where] = (view, sequence + 2)
     except (OSError, ValueError):
         # The worker is shutting down (its directory is gone) or the disk is
         # full: the count is still in this process's memory; only the

@@ -33,6 +33,8 @@ class ProcessCounts:
         self.counts: count_files.Counts = {}
         #: Each key's row as written to the file, remade only when its count changes.
         self.rows: dict[tuple[str, ...], str] = {}
+        #: Each key's row up to its count (``count_files.row_head``): the labels are encoded once.
+        self.heads: dict[tuple[str, ...], str] = {}
         self.file_name = count_files.file_name(self.table)
 
     def add(self, key: tuple[str, ...], amount: float = 1.0) -> None:
@@ -45,13 +47,20 @@ class ProcessCounts:
             for key, amount in amounts:
                 value = self.counts[key] = self.counts.get(key, 0.0) + amount
                 if directory is not None:
-                    self.rows[key] = count_files.row(key, value)
+                    self.rows[key] = count_files.row_with(self._head(key), value)
             if directory is not None:
                 if len(self.rows) != len(self.counts):
                     # Keys counted before the directory was shared have no row yet.
-                    self.rows = {key: count_files.row(key, value) for key, value in self.counts.items()}
+                    self.rows = {key: count_files.row_with(self._head(key), value)
+                                 for key, value in self.counts.items()}
                 # Under the lock: two threads' writes land in the order they counted.
                 count_files.write_rows(directory, self.file_name, self.rows.values())
+
+    def _head(self, key: tuple[str, ...]) -> str:
+        head = self.heads.get(key)
+        if head is None:
+            head = self.heads[key] = count_files.row_head(key)
+        return head
 
     def totals(self) -> count_files.Counts:
         with self.lock:

@@ -114,3 +114,21 @@ def test_a_table_counted_before_its_directory_was_shared_is_written_whole(monkey
     assert count_files.read_all(tmp_path, skip="none", table="unit-late-share") == {("a", "early"): 2.0,
                                                                                    ("b", "late"): 2.0}
     assert count_files.read_all(tmp_path, skip="none") == {}, "another table's files were read"
+
+
+@pytest.mark.parametrize("value", [0.0, 1.0, 3.0, 0.1 + 0.2, 1e300, 12345678901234.5, float("inf"), float("nan")])
+def test_a_row_made_from_its_head_is_the_row_json_would_make(value: float) -> None:
+    # The labels' JSON is kept per key and only the count appended: it must read back as json.dumps wrote it.
+    key = ("durable.quick", 'ho"st\\é', "q\n", "")
+    assert count_files.row_with(count_files.row_head(key), value) == count_files.row(key, value)
+
+
+def test_a_directory_renamed_in_the_environment_is_followed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # shared_dir keeps the Path it last made: a worker started by a task's process names a new directory.
+    first, second = tmp_path / "a", tmp_path / "b"
+    monkeypatch.setenv(shared_dir.ENV_VAR, str(first))
+    assert shared_dir.shared_dir() == first
+    monkeypatch.setenv(shared_dir.ENV_VAR, str(second))
+    assert shared_dir.shared_dir() == second
+    monkeypatch.delenv(shared_dir.ENV_VAR)
+    assert shared_dir.shared_dir() is None
