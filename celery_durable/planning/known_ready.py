@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import filterfalse
 
 from celery_durable.planning.claim_sweep import rotate
 from celery_durable.planning.known_empty import NOTHING_KNOWN, KnownEmpty
@@ -55,17 +56,17 @@ def trusted_empty(known: KnownReady, now: float) -> frozenset[str]:
     return empty.queues
 
 
-def to_probe(known: KnownReady, open_queues: Sequence[str], now: float) -> list[str]:
-    """The open queues (free slots > 0) whose ready messages this pass must learn first.
+def to_probe(known: KnownReady, order: Sequence[str], free: Mapping[str, int], now: float) -> list[str]:
+    """The open queues of ``order`` (free slots > 0) whose ready messages this pass must learn first.
 
     None when fewer than two are open: the one ask costs what its probe would. Otherwise every open
-    queue neither known to hold work nor trusted empty.
+    queue neither known to hold work nor trusted empty. Set differences first (in C): a busy worker
+    among 200 queues asks this before every claim, and almost always needs nothing.
     """
-    if len(open_queues) < 2:
+    unknown = free.keys() - known.counts.keys() - trusted_empty(known, now)
+    if not unknown or sum(1 for slots in free.values() if slots > 0) < 2:
         return []
-    skipped = trusted_empty(known, now)
-    counts = known.counts
-    return [q for q in open_queues if q not in counts and q not in skipped]
+    return [q for q in order if q in unknown and free[q] > 0]
 
 
 def after_probe(known: KnownReady, ready: Mapping[str, int], now: float) -> KnownReady:
@@ -120,6 +121,6 @@ def pass_queues(order: Sequence[str], cursor: str | None, free: Mapping[str, int
     whole order's."""
     skipped = trusted_empty(known, now)
     rotated = rotate(order, cursor)
-    asked = tuple(q for q in rotated if q not in skipped) if skipped else rotated
+    asked = tuple(filterfalse(skipped.__contains__, rotated)) if skipped else rotated
     counts = known.counts
     return asked, {q: min(free[q], counts[q]) if q in counts else free[q] for q in asked}

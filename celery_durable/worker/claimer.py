@@ -294,7 +294,7 @@ class Claimer:
         or at once by the idle wait armed when the worker has room.
         """
         now = self._clock.monotonic()
-        unknown = to_probe(self._known_ready, [q for q in order if free[q] > 0], now)
+        unknown = to_probe(self._known_ready, order, free, now)
         if unknown:
             ready = fetcher.ready_counts(unknown)
             now = self._clock.monotonic()

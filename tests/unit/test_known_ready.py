@@ -17,6 +17,7 @@ from celery_durable.planning.known_ready import (
 )
 
 QUEUES = [f"q{i}" for i in range(50)]
+FREE = dict.fromkeys(QUEUES, 2)
 
 
 def probed_once(now: float = 0.0) -> KnownReady:
@@ -25,23 +26,27 @@ def probed_once(now: float = 0.0) -> KnownReady:
 
 
 def test_nothing_known_probes_every_open_queue() -> None:
-    assert to_probe(NOTHING_READY_KNOWN, QUEUES, 0.0) == QUEUES
+    assert to_probe(NOTHING_READY_KNOWN, QUEUES, FREE, 0.0) == QUEUES
 
 
 def test_one_open_queue_is_asked_not_probed() -> None:
-    assert to_probe(NOTHING_READY_KNOWN, ["q0"], 0.0) == []
+    assert to_probe(NOTHING_READY_KNOWN, QUEUES, {**dict.fromkeys(QUEUES, 0), "q0": 2}, 0.0) == []
 
 
 def test_after_a_probe_nothing_is_probed_while_the_empty_ones_are_trusted() -> None:
     known = probed_once()
-    assert to_probe(known, QUEUES, PROBED_EMPTY_FOR) == []
+    assert to_probe(known, QUEUES, FREE, PROBED_EMPTY_FOR) == []
     assert known.counts == {"q49": 5}
 
 
 def test_empty_queues_are_probed_again_once_their_proof_is_older_than_the_bound() -> None:
     known = probed_once()
     # Only the ones found empty: the busy queue is known from its GetOk, never probed.
-    assert to_probe(known, QUEUES, PROBED_EMPTY_FOR + 0.001) == QUEUES[:-1]
+    assert to_probe(known, QUEUES, FREE, PROBED_EMPTY_FOR + 0.001) == QUEUES[:-1]
+
+
+def test_a_queue_at_its_slot_limit_is_not_probed() -> None:
+    assert to_probe(NOTHING_READY_KNOWN, QUEUES, {**FREE, "q3": 0}, 0.0) == [q for q in QUEUES if q != "q3"]
 
 
 def test_a_clock_that_went_back_trusts_nothing() -> None:
@@ -50,7 +55,7 @@ def test_a_clock_that_went_back_trusts_nothing() -> None:
 
 def test_a_queue_known_to_hold_work_is_never_probed_however_old() -> None:
     known = after_ask(probed_once(), "q49", asked=1, got=1, remaining=4, now=0.001)
-    assert "q49" not in to_probe(known, QUEUES, 100.0)
+    assert "q49" not in to_probe(known, QUEUES, FREE, 100.0)
     assert known.counts["q49"] == 4
 
 
@@ -66,12 +71,12 @@ def test_an_ask_that_came_back_short_or_left_nothing_proves_its_queue_empty(
 
 def test_an_ask_with_no_count_said_leaves_its_queue_unknown() -> None:
     known = after_ask(probed_once(), "q49", asked=1, got=1, remaining=None, now=0.001)
-    assert to_probe(known, QUEUES, 0.002) == ["q49"]
+    assert to_probe(known, QUEUES, FREE, 0.002) == ["q49"]
 
 
 def test_a_probe_of_only_the_unknown_queues_keeps_the_older_proofs_time() -> None:
     known = KnownReady({"q49": 3}, KnownEmpty(frozenset(QUEUES[:40]), 0.0))
-    assert to_probe(known, QUEUES, 0.005) == QUEUES[40:49]
+    assert to_probe(known, QUEUES, FREE, 0.005) == QUEUES[40:49]
     known = after_probe(known, {q: 0 for q in QUEUES[40:49]}, 0.006)
     assert known.empty == KnownEmpty(frozenset(QUEUES[:49]), 0.0)
 
