@@ -15,10 +15,11 @@ Scenarios (each on its own unique queues, cleaned up afterwards):
 4. isolation   one worker -c4; 40 × 1 s tasks on `bulk`, then 40 × 10 ms on `interactive`;
                p50/p99 start latency of the interactive tasks.
 5. queues      2,000 no-op tasks on the LAST of 1, 10, 50, 200 queues (others empty), and spread
-               over 50; stock vs durable prefork -c2; the durable worker's claim round trips per
-               pass (inspect stats: claim_round_trips / claim_passes).
+               over 50; stock (default, and buffering nothing) vs durable prefork -c2; the durable
+               worker's claim round trips per pass (inspect stats: claim_round_trips / claim_passes).
 6. late        while a worker drains 20,000 no-ops on the last of 50 queues, one task at a time
-               lands on another (empty) queue: its start − send latency, stock vs durable.
+               lands on another (empty) queue: its start − send latency, stock vs durable, and
+               whether durable's p50 is within stock's + 2 ms (issue 28's bound).
 
 Workers are real ``python -m celery -A benchapp worker`` subprocesses run at ``-l warning``
 (no per-task log lines); readiness is read from their log with a deadline, and they are
@@ -520,6 +521,13 @@ def many_queue_variants() -> list[Variant]:
     ]
 
 
+def queues_variants() -> list[Variant]:
+    """The many-queues scenario's workers: beside stock's default, stock buffering nothing (issue 28's
+    single-queue reference), so the cost of many queues reads apart from the cost of not prefetching."""
+    stock, durable = many_queue_variants()
+    return [stock, Variant("stock prefork -c2 acks_late + multiplier 1", "prefork", 2, NOTHING_BUFFERED), durable]
+
+
 #: (queues served, work spread over all of them?) for the many-queues scenario.
 MANY_QUEUE_CASES = [(1, False), (10, False), (50, False), (200, False), (50, True)]
 
@@ -655,17 +663,20 @@ def render(rows: list[Row], *, count: int, rounds: int, samples: int, iso: tuple
         for kind, n, spread in cases:
             case = [r for r in mq if not r.error and r.broker == kind and r.figures["queues"] == n
                     and r.figures["spread"] == spread]
-            stock = [r.figures["rate"] for r in case if not r.variant.durable]
+            stock = [r.figures["rate"] for r in case if not r.variant.durable and not r.variant.conf]
+            unbuffered = [r.figures["rate"] for r in case if r.variant.conf == NOTHING_BUFFERED]
             durable = [r.figures["rate"] for r in case if r.variant.durable]
             trips = [r.figures["round_trips_per_pass"] for r in case if "round_trips_per_pass" in r.figures]
             if not stock or not durable:
                 continue
             ratio = statistics.median(durable) / statistics.median(stock)
+            unbuffered_ratio = (f"{statistics.median(durable) / statistics.median(unbuffered):.2f}×"
+                                if unbuffered else "")
             lines.append([kind, str(n), "all" if spread else "last", fmt(statistics.median(stock)),
-                          fmt(statistics.median(durable)), f"**{ratio:.2f}×**",
+                          fmt(statistics.median(durable)), f"**{ratio:.2f}×**", unbuffered_ratio,
                           f"{statistics.median(trips):.2f}" if trips else "?"])
         table(["broker", "queues", "work on", "stock tasks/s", "durable tasks/s", "durable / stock",
-               "round trips / pass"], lines)
+               "durable / stock acks_late + multiplier 1", "round trips / pass"], lines)
         failures = [r for r in mq if r.error]
         for r in failures:
             out.append(f"- FAILED {r.broker} {r.variant.label}: {r.error[:100]}")
@@ -678,14 +689,23 @@ def render(rows: list[Row], *, count: int, rounds: int, samples: int, iso: tuple
         out.append("")
         lines = []
         for kind in sorted({r.broker for r in late}):
+            stock_p50: float | None = None
             for durable in (False, True):
                 rows_ = [r for r in late if r.broker == kind and r.variant.durable is durable and not r.error]
                 if rows_:
-                    lines.append([kind, rows_[0].variant.label,
-                                  fmt(statistics.median(r.figures["p50"] for r in rows_), 1),
+                    p50 = statistics.median(r.figures["p50"] for r in rows_)
+                    # Issue 28's bound: a message landing on a queue the worker skips starts within
+                    # stock's late pickup + 2 ms.
+                    verdict = ""
+                    if durable and stock_p50 is not None:
+                        within = "within" if p50 <= stock_p50 + 2 else "NOT within"
+                        verdict = f"**{p50 - stock_p50:+.1f} ms** ({within} stock + 2 ms)"
+                    elif not durable:
+                        stock_p50 = p50
+                    lines.append([kind, rows_[0].variant.label, fmt(p50, 1),
                                   fmt(max(r.figures["max"] for r in rows_), 1),
-                                  str(sum(r.figures["n"] for r in rows_))])
-        table(["broker", "worker", "p50 (median of rounds)", "max", "samples"], lines)
+                                  str(sum(r.figures["n"] for r in rows_)), verdict])
+        table(["broker", "worker", "p50 (median of rounds)", "max", "samples", "durable p50 − stock p50"], lines)
         for r in late:
             if r.error:
                 out.append(f"- FAILED {r.broker} {r.variant.label}: {r.error[:100]}")
@@ -830,7 +850,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "queues" in scenarios:
             for queue_count, spread in MANY_QUEUE_CASES:
                 for _ in range(rounds):
-                    for v in applicable(many_queue_variants()):
+                    for v in applicable(queues_variants()):
                         figures = attempt(f"queues{queue_count}{'s' if spread else ''}", broker, v,
                                           lambda v=v: run_many_queues(broker, v, mq_count, queue_count, spread))
                         if figures is not None:

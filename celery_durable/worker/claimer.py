@@ -23,7 +23,14 @@ from celery_durable.planning.claim_sweep import (
     waitable_queues,
 )
 from celery_durable.planning.known_empty import NOTHING_KNOWN, KnownEmpty, after_pass, notified, pass_order
-from celery_durable.planning.ready_counts import ReadyCounts
+from celery_durable.planning.known_ready import (
+    NOTHING_READY_KNOWN,
+    KnownReady,
+    after_ask,
+    after_probe,
+    pass_queues,
+    to_probe,
+)
 from celery_durable.worker.admission import Admitter
 from celery_durable.worker.claim_stats import ClaimStats
 from celery_durable.worker.fetchers import (
@@ -95,7 +102,8 @@ class Claimer:
         self._queue_map: dict[str, Any] = {}
         self._order: tuple[str, ...] = ()
         self._idle: IdleWait | None = None
-        self._ready = ReadyCounts()
+        #: What a probing fetcher's passes know of each queue's ready messages (planning/known_ready.py).
+        self._known_ready: KnownReady = NOTHING_READY_KNOWN
         self.passes = 0
         #: Messages admitted from claim passes, and from the idle any-queue wait.
         self.claimed_by_passes = 0
@@ -121,6 +129,7 @@ class Claimer:
         self._probing_fetcher = self._fetcher if isinstance(self._fetcher, ProbingFetcher) else None
         self._notifying_fetcher = self._fetcher if isinstance(self._fetcher, NotifyingFetcher) else None
         self._known_empty = NOTHING_KNOWN
+        self._known_ready = NOTHING_READY_KNOWN
         self._admission.parker = parker_for(self._connection, channel)
         self._may_overdraw = gives_back_in_place(channel)
         self._idle = idle_wait_for(self._connection, channel, self._hub, accept=self._accept,
@@ -152,6 +161,7 @@ class Claimer:
         if self._idle is not None:
             self._idle.cancel()
         self._known_empty = NOTHING_KNOWN
+        self._known_ready = NOTHING_READY_KNOWN
         self.kick()
 
     def stats(self) -> ClaimStats:
@@ -211,7 +221,7 @@ class Claimer:
         bounded = self._overdraw > 0 and room > 0
         free, room = overdrawn(free, room, self._overdraw)
         if self._probing_fetcher is not None and room > 0:
-            free = self._probed(self._probing_fetcher, free)
+            order, free = self._probed(self._probing_fetcher, order, free)
         full = True
         if self._notifying_fetcher is not None:
             self._known_empty = notified(self._known_empty, self._notifying_fetcher.notified())
@@ -228,7 +238,10 @@ class Claimer:
                 if ask is None:
                     break
                 taken, admitted, back = self._fetch(self._fetcher, queues[ask.queue], ask.count, bounded)
-                self._ready.took(ask.queue, ask.count, taken)
+                if self._probing_fetcher is not None:
+                    self._known_ready = after_ask(self._known_ready, ask.queue, asked=ask.count, got=taken,
+                                                  remaining=self._probing_fetcher.remaining(),
+                                                  now=self._clock.monotonic())
                 sweep = record(sweep, ask, taken)
                 went_to_wait += taken - admitted - back
                 handed_back += back
@@ -256,6 +269,8 @@ class Claimer:
             # pending (runs finished during the pass): that pass re-plans, and
             # arming now would cost a consume and a cancel for nothing.
             names = waitable_queues(self.held.queues(), self.held.free_slots(), self.held.room())
+            # What the wait does not deliver is not known after it: the pass it wakes probes afresh.
+            self._known_ready = NOTHING_READY_KNOWN
             self._idle.arm({name: queues[name] for name in names if name in queues})
         return sweep.claimed
 
@@ -269,25 +284,22 @@ class Claimer:
             self._order = tuple(name for name in held if name in self._queue_map)
         return self._queue_map, self._order
 
-    def _probed(self, fetcher: ProbingFetcher, free: dict[str, int]) -> dict[str, int]:
-        """Free slots capped by each queue's ready messages, so a pass asks only queues with work.
+    def _probed(self, fetcher: ProbingFetcher, order: Sequence[str],
+                free: dict[str, int]) -> tuple[tuple[str, ...], dict[str, int]]:
+        """The pass's order less the queues trusted empty, and free slots capped by each queue's ready messages.
 
-        Worth its round trip only when two or more queues could be asked: an
-        empty queue would otherwise cost an ask each. A young probe stands in
-        for a new one (planning/ready_counts.py). A message arriving on a queue
-        after it read empty is not lost: a later probe finds it, or the idle
-        wait armed after a pass that found nothing.
+        Only queues whose count is unknown are probed (planning/known_ready.py): a queue an ask
+        left holding work is known from its ``GetOk``, and one found empty is trusted empty for
+        ``PROBED_EMPTY_FOR``. A message landing on it meanwhile is found by the probe after that,
+        or at once by the idle wait armed when the worker has room.
         """
-        open_queues = [q for q, slots in free.items() if slots > 0]
-        if len(open_queues) < 2:
-            return free
-        started = self._clock.monotonic()
-        ready = self._ready.reusable(open_queues, started)
-        if ready is None:
-            ready = fetcher.ready_counts(open_queues)
+        now = self._clock.monotonic()
+        unknown = to_probe(self._known_ready, order, free, now)
+        if unknown:
+            ready = fetcher.ready_counts(unknown)
             now = self._clock.monotonic()
-            self._ready.probed(ready, now, now - started)
-        return {q: min(slots, ready.get(q, slots)) for q, slots in free.items()}
+            self._known_ready = after_probe(self._known_ready, ready, now)
+        return pass_queues(order, self.cursor, free, self._known_ready, now)
 
     def _run_whole_pass(self, fetcher: PassFetcher, sweep: Sweep, bounded: bool,
                         full: bool) -> tuple[Sweep, int, int]:

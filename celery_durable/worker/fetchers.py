@@ -51,6 +51,10 @@ class ProbingFetcher(Fetcher, Protocol):
 
     def ready_counts(self, queues: Sequence[str]) -> dict[str, int]: ...
 
+    def remaining(self) -> int | None:
+        """The ready messages the last fetch left in its queue (its last ``GetOk``'s count), None if it took none."""
+        ...
+
 
 @runtime_checkable
 class PassFetcher(Fetcher, Protocol):
@@ -219,6 +223,7 @@ class AmqpFetcher:
         self._accept = prepare_accept_content(accept)
         self._single = GetFetcher(channel, accept)
         self._pipelined_round_trips = 0
+        self._remaining: int | None = None
 
     @property
     def round_trips(self) -> int:
@@ -229,16 +234,25 @@ class AmqpFetcher:
         self._pipelined_round_trips += 1
         return pipelined_ready_counts(self._channel, list(queues))
 
+    def remaining(self) -> int | None:
+        return self._remaining
+
     def fetch(self, queue: Any, count: int, keep_going: Callable[[], bool]) -> Iterator[Any]:
+        self._remaining = None
         if count < 2:
-            yield from self._single.fetch(queue, count, keep_going)
+            for message in self._single.fetch(queue, count, keep_going):
+                self._remaining = message.delivery_info.get("message_count")
+                yield message
             return
         channel = self._channel
         # Every reply is read before any message is handed on, even if a stop
         # comes meanwhile: an unread GetOk would leave a message unacked on
         # this channel with nobody holding it.
         self._pipelined_round_trips += 1
-        for raw in pipelined_gets(channel, queue.name, count):
+        raws = pipelined_gets(channel, queue.name, count)
+        if raws:
+            self._remaining = raws[-1].delivery_info.get("message_count")
+        for raw in raws:
             message = channel.message_to_python(raw)
             message.accept = self._accept
             yield message
