@@ -1,14 +1,15 @@
 """A run the pool got a moment before SIGTERM is recorded and acked once, and the warm shutdown stays prompt.
 
-The race (issue 29): at SIGTERM the consumer closes first and its ``on_close`` flushes the pool, which
+The race: at SIGTERM the consumer closes first and its ``on_close`` flushes the pool, which
 forgets every job whose ACK it has not read yet, as if no child had it. A job already written to a
 child runs there all the same; its result then goes unread (the pool's shutdown loop reads only while
 it remembers a job), the child waits 30 s for the parent to read it, and with ``acks_late`` the message
 is restored at close and runs again. compat/asynpool.py keeps such jobs.
 
-Each try SIGTERMs a fresh worker the moment its one task has started in the child: the ACK of that task
-is then in flight, and often not yet read by the parent (6 of 10 tries on the embedded SQLite broker and
-5 of 10 on Redis hit it on a busy two-core machine before the fix).
+Each try's worker (tests/e2e/sigterm_app.py) SIGTERMs itself on the loop turn that writes its one task's
+job to the child, so the loop stops before it reads the child's ACK: the race, every try, where aiming
+a SIGTERM from outside hits it a few times in ten under CPU load. Before the fix: 4 of 4 tries on Redis
+(ran twice, exits in ~33 s), 3 of 4 on SQLite.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from celery.result import AsyncResult
 from tests.e2e.harness import Scenario, wait_for
 from tests.services import REDIS_URL
 
-#: Workers SIGTERMed per test: enough that a fixed worker losing the race once fails it.
-TRIES = 4
+#: Workers SIGTERMed per test (each boots a worker: CI time). The SIGTERM lands in the window every try on
+#: Redis and 3 tries in 4 on SQLite, so two tries fail an unfixed worker nearly always.
+TRIES = 2
+#: The stock measurement (soak) takes more.
+STOCK_TRIES = 4
 #: A warm shutdown with nothing left to run takes a few seconds; the bug made it 30 s or more.
 EXIT_BOUND = 10.0
 
@@ -33,7 +37,8 @@ EXIT_BOUND = 10.0
 def _race_once(s: Scenario, label: str, pool: str) -> tuple[str, float]:
     task_id = str(uuid.uuid4())
     worker = s.worker(conf=_conf(pool), concurrency=1, pool=pool, app="tests.e2e.sigterm_app",
-                      env={"E2E_SIGTERM_ON_TASK": task_id}).wait_ready()
+                      env={"E2E_SIGTERM_ON_TASK": task_id,
+                           "E2E_SIGTERM_WHEN": "next_turn" if s.broker_kind == "redis" else "now"}).wait_ready()
     s.send("q", label, task_id=task_id)
     wait_for(lambda: task_id in worker.log(), timeout=30, what=f"{label} to be received")
     began = time.monotonic()
@@ -51,10 +56,10 @@ def _conf(pool: str) -> dict[str, Any]:
     return conf
 
 
-def _race(scenario: Any, pool: str) -> None:
+def _race(scenario: Any, pool: str, tries: int = TRIES) -> None:
     s = scenario(["q"])
     s.producer.conf.result_backend = REDIS_URL
-    runs = [_race_once(s, f"race{attempt}", pool) for attempt in range(TRIES)]
+    runs = [_race_once(s, f"race{attempt}", pool) for attempt in range(tries)]
     exits = [round(took, 1) for _, took in runs]
     ids = [task_id for task_id, _ in runs]
     # A run the SIGTERM stopped before its job reached a child went back to the broker unrun: the last
@@ -64,8 +69,8 @@ def _race(scenario: Any, pool: str) -> None:
              what="every run to have ended and the queue to be empty")
     assert last.terminate() == 0
     starts = Counter(event["id"] for event in s.started())
-    assert [starts[task_id] for task_id in ids] == [1] * TRIES, f"runs per task (exits took {exits} s)"
-    assert [AsyncResult(task_id, app=s.producer).state for task_id in ids] == ["SUCCESS"] * TRIES
+    assert [starts[task_id] for task_id in ids] == [1] * tries, f"runs per task (exits took {exits} s)"
+    assert [AsyncResult(task_id, app=s.producer).state for task_id in ids] == ["SUCCESS"] * tries
     assert max(exits) < EXIT_BOUND, f"a warm shutdown took {max(exits)} s (each: {exits})"
 
 
@@ -76,7 +81,9 @@ def test_a_run_pooled_just_before_sigterm_is_acked_once_and_the_worker_exits_pro
 
 
 @pytest.mark.soak
+@pytest.mark.xfail(reason="stock prefork forgets the job at the consumer's flush (measured: 3 of 4 tries on Redis, "
+                          "2 of 4 on SQLite ran twice and exited in 33-37 s)", strict=False)
 @pytest.mark.parametrize("broker", ["redis", "sqlite"], indirect=True)
 def test_stock_prefork_under_the_same_race(scenario):
-    """Stock ``-P prefork`` has the bug (measured: see the module docstring): soak only, never in CI."""
-    _race(scenario, "prefork")
+    """The same race on stock ``-P prefork``, which keeps the bug: a measurement, soak only, never in CI."""
+    _race(scenario, "prefork", STOCK_TRIES)
