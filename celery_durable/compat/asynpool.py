@@ -1,4 +1,4 @@
-"""The prefork pool's event-loop side: a pool child reaped as soon as it has exited, children added at once."""
+"""The prefork pool's event-loop side: children reaped and added at once, jobs in a child's pipe kept at a flush."""
 
 from __future__ import annotations
 
@@ -42,6 +42,25 @@ class ReapingAsynPool(AsynPool):
         super().grow(n)
         self.maintain_pool()
 
+    def flush(self) -> None:
+        """Forget the jobs no child has, as Celery does; keep the ones already in a child's pipe.
+
+        The consumer flushes the pool when it closes (SIGTERM, a lost connection).
+        Celery's ``AsynPool.flush`` drops from the pool's cache every job whose
+        ACK it has not read, as if no child had it; but a job written to a
+        child's pipe runs there all the same. Dropped, its result is never read:
+        the pool's shutdown loop reads the children's pipes only while the cache
+        holds a job, the child then waits 30 s for the read before it exits
+        (billiard's ``_ensure_messages_consumed``), the run's callbacks never
+        fire, and with ``acks_late`` its message is restored at close and runs
+        again. Kept, the join reads its ACK and result like any other run's; the
+        drain's deadline still bounds it (the child is killed, the run handed back).
+        """
+        in_children = [job for job in self._cache.values() if _in_a_childs_pipe(job)]
+        super().flush()
+        for job in in_children:
+            self._cache.setdefault(job._job, job)
+
     def _event_process_exit(self, hub: Any, proc: Any) -> None:
         super()._event_process_exit(hub, proc)
         self._look_again(hub, proc, self.reap_first_delay, monotonic() + self.reap_give_up_after)
@@ -59,3 +78,13 @@ class ReapingAsynPool(AsynPool):
 
     def _still_listed(self, proc: Any) -> bool:
         return any(listed is proc for listed in self._pool)
+
+
+def _in_a_childs_pipe(job: Any) -> bool:
+    """A job not yet acknowledged by a child whose writing to a live child's pipe has begun.
+
+    Celery's flush finishes every write it began (a pipe must not hold half a
+    message), so such a job reaches the child whole.
+    """
+    child = getattr(job, "_write_to", None)
+    return not job._accepted and child is not None and child._is_alive()

@@ -93,3 +93,42 @@ def test_billiard_pool_state_leaves_run_when_terminated() -> None:
         os.kill(proc.pid, signal.SIGKILL)
     pool.terminate()
     assert pool._state != RUN
+
+
+def _answer() -> str:
+    return "done"
+
+
+#: The child waits 30 s for its result to be read (billiard's _ensure_messages_consumed): a join much
+#: sooner means the result was read.
+JOINED_WITHIN = 10.0
+
+
+def test_a_job_written_to_a_child_before_its_ack_is_read_survives_flush_and_its_result_is_read() -> None:
+    """The SIGTERM race (tests/e2e/test_drain_race.py) on the pool alone: Celery's flush forgets the job."""
+    pool = ReapingAsynPool(processes=1, threads=False)
+    hub = Hub()
+    results: list[Any] = []
+    try:
+        pool.register_with_event_loop(hub)
+        job = pool.apply_async(_answer, callback=results.append)
+        loop = hub.create_loop()
+        deadline = time.monotonic() + REPLACED_WITHIN
+        # The job is written at the end of a loop turn; the child's ACK is read on a later one.
+        while getattr(job, "_write_to", None) is None and time.monotonic() < deadline:
+            next(loop)
+        assert job._write_to is not None, "the job was never written to the child"
+        assert not job._accepted, "the ACK was read on the turn that wrote the job: no race to test"
+        pool.flush()
+        assert job._job in pool._cache, "flush forgot a job the child has"
+        pool.close()
+        began = time.monotonic()
+        pool.join()
+        assert results == ["done"]
+        assert time.monotonic() - began < JOINED_WITHIN
+    finally:
+        for proc in list(pool._pool):
+            if proc.exitcode is None:
+                os.kill(proc.pid, signal.SIGKILL)
+        pool.terminate()
+        hub.close()
