@@ -23,6 +23,7 @@ from celery_durable.planning.claim_sweep import (
     waitable_queues,
 )
 from celery_durable.planning.known_empty import NOTHING_KNOWN, KnownEmpty, after_pass, notified, pass_order
+from celery_durable.planning.push_turn import push_queue
 from celery_durable.planning.ready_counts import ReadyCounts
 from celery_durable.worker.admission import Admitter
 from celery_durable.worker.claim_stats import ClaimStats
@@ -37,6 +38,7 @@ from celery_durable.worker.fetchers import (
 from celery_durable.worker.held_runs import HeldRuns
 from celery_durable.worker.idle_wait import IdleWait, idle_wait_for
 from celery_durable.worker.parking import parker_for
+from celery_durable.worker.push_consumer import PushConsumer, push_consumer_for
 
 #: Seconds between an idle wait's delivery and the pass that fills the rest of the room (see ``_idle_delivered``).
 FOLLOW_UP_PASS_DELAY = 0.001
@@ -95,6 +97,7 @@ class Claimer:
         self._queue_map: dict[str, Any] = {}
         self._order: tuple[str, ...] = ()
         self._idle: IdleWait | None = None
+        self._push: PushConsumer | None = None
         self._ready = ReadyCounts()
         self.passes = 0
         #: Messages admitted from claim passes, and from the idle any-queue wait.
@@ -125,6 +128,8 @@ class Claimer:
         self._may_overdraw = gives_back_in_place(channel)
         self._idle = idle_wait_for(self._connection, channel, self._hub, accept=self._accept,
                                    on_wake=self.kick, on_delivery=self._idle_delivered)
+        self._push = push_consumer_for(self._connection, channel, self._accept, self._push_room,
+                                       self._push_delivered)
         self.running = True
         # The first pass (and the idle wait it arms) runs now, before the worker
         # says ready, as stock Celery's consume does: a kick would queue it
@@ -136,11 +141,15 @@ class Claimer:
         self.running = False
         if self._idle is not None:
             self._idle.cancel()
+        if self._push is not None:
+            self._push.stop()
 
     def close(self) -> None:
         self.stop()
         if self._idle is not None:
             self._idle.close()
+        if self._push is not None:
+            self._push.close()
 
     def queues_changed(self) -> None:
         """A queue was cancelled: the idle wait must not go on consuming what it was armed on.
@@ -151,12 +160,16 @@ class Claimer:
         """
         if self._idle is not None:
             self._idle.cancel()
+        if self._push is not None:
+            self._push.stop()
         self._known_empty = NOTHING_KNOWN
         self.kick()
 
     def stats(self) -> ClaimStats:
-        idle, fetcher = self._idle, self._fetcher
+        idle, fetcher, push = self._idle, self._fetcher, self._push
         return ClaimStats(
+            claimed_by_push=push.delivered if push is not None else 0,
+            pushing=push.queue if push is not None else None,
             passes=self.passes,
             claimed_by_passes=self.claimed_by_passes,
             claimed_by_idle_wait=self.claimed_by_idle_wait,
@@ -206,6 +219,8 @@ class Claimer:
         if len(free) != len(order):
             free = {q: free[q] for q in order}
         room = self.held.room()
+        if self._push is not None and self._pushed(self._push, order, free, room):
+            return 0
         # A pass that asks beyond its room must check each run against the slots as it admits it;
         # one that does not cannot take more than its room, and skips that bookkeeping.
         bounded = self._overdraw > 0 and room > 0
@@ -258,6 +273,27 @@ class Claimer:
             names = waitable_queues(self.held.queues(), self.held.free_slots(), self.held.room())
             self._idle.arm({name: queues[name] for name in names if name in queues})
         return sweep.claimed
+
+    def _pushed(self, push: PushConsumer, order: Sequence[str], free: dict[str, int], room: int) -> bool:
+        """Whether the broker pushes this pass's room (one open queue); else back to the rotated turn."""
+        queue = push_queue(order, free, room)
+        if queue is None and room <= 0:
+            queue = push.queue  # a full worker has no queue open, and no reason to switch
+        if queue is None:
+            if push.queue is not None:
+                push.stop()
+            return False
+        push.serve(queue)
+        return True
+
+    def _push_room(self, queue: str) -> int:
+        return min(self.held.room(), self.held.free_slots().get(queue, 0))
+
+    def _push_delivered(self, queue_name: str, message: HostMessage) -> None:
+        self.cursor = queue_name
+        # Bounded: a delivery the credit allowed before a slot went elsewhere (an ETA run fell due)
+        # finds none, and goes back to the broker in place.
+        self._admission.admit_all([(queue_name, message)], bounded=True)
 
     def _consumed_order(self) -> tuple[dict[str, Any], Sequence[str]]:
         """The consumed queues by name, and the held queues' order among them; rebuilt only when either

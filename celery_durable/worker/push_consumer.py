@@ -1,0 +1,137 @@
+"""Push where no turn is at stake: one RabbitMQ consumer whose credit is the worker's room, never more.
+
+While the worker has one open queue (planning/push_turn.py) the claimer lets
+the broker push it, on a channel of its own with a global ``basic.qos``. The
+broker delivers while the channel's unacked messages are below the prefetch
+count, so the credit is kept at ``room + delivered-and-unsettled``: what the
+broker may still send is exactly the room. The credit moves with the room:
+
+- a delivery takes a slot and adds an unsettled message: no change;
+- an ack or reject of one of its messages (an early ack while the run goes on,
+  a late ack as it ends, a message given back) lowers it by one, written
+  *before* the ack in the acking thread, so the broker never sees the ack
+  first and sends one more than the room;
+- a run ending frees a slot: the pass it kicks raises the credit;
+- a credit of 0 cannot be said (``prefetch_count=0`` means unlimited): the
+  consumer is cancelled, and a new one starts when room comes back.
+
+A cancel asks for its ``CancelOk``; RabbitMQ sends every delivery made on the
+tag before it and py-amqp dispatches frames in order, so each one still reaches
+:meth:`_delivered`, which hands it to the claimer: admitted if a slot is free,
+given back (rejected, requeued) if not. Nothing delivered is left without a runner.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kombu.serialization import prepare_accept_content
+
+from celery_durable.compat import amqp_push
+from celery_durable.compat.amqp import supports_pipelined_gets
+
+logger = logging.getLogger(__name__)
+
+_tag_numbers = itertools.count(1)
+_TAG_QUEUE = ":"
+
+
+class PushConsumer:
+    """The push consumer of one claimer; :meth:`serve` and :meth:`stop` run on the loop thread."""
+
+    def __init__(self, connection: Any, accept: Any, room_for: Callable[[str], int],
+                 on_delivery: Callable[[str, Any], None]) -> None:
+        self._connection = connection
+        self._accept = prepare_accept_content(accept)
+        #: The runs the worker may still take from a queue: min(process room, the queue's free slots).
+        self._room_for = room_for
+        self._on_delivery = on_delivery
+        self._channel: Any = None
+        # Re-entrant: a cancel waited for on the loop thread dispatches deliveries that take it again.
+        self._lock = threading.RLock()
+        self._queue: str | None = None
+        self._tag: str | None = None
+        self._credit = 0
+        #: Delivery tags delivered on this channel and not yet acked or rejected.
+        self._unsettled: set[int] = set()
+        self.delivered = 0
+
+    @property
+    def queue(self) -> str | None:
+        """The queue consumed push-style, or None in the rotated turn."""
+        return self._queue
+
+    def serve(self, queue: str) -> None:
+        """Consume ``queue`` push-style, or keep doing so with the credit set to the room now."""
+        if self._queue is not None and self._queue != queue:
+            self.stop()
+        with self._lock:
+            if self._channel is None:
+                self._channel = self._connection.channel()
+                amqp_push.before_settle(self._channel, self._settling)
+            self._queue = queue
+            self._sync()
+
+    def stop(self) -> None:
+        """Back to the rotated turn: cancel, handling here what the consumer was sent before the cancel."""
+        with self._lock:
+            self._queue = None
+            tag, self._tag = self._tag, None
+        if tag is not None:
+            try:
+                amqp_push.cancel(self._channel, tag, wait=True)
+            except Exception:  # a dead channel delivers nothing more; the broker requeues its unacked
+                logger.debug("durable.push.cancel_failed", exc_info=True, extra={"event": "durable.push.cancel_failed"})
+
+    def close(self) -> None:
+        self.stop()
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            try:
+                channel.close()
+            except Exception:  # closing on the way out; the broker requeues
+                logger.debug("durable.push.close_failed", exc_info=True, extra={"event": "durable.push.close_failed"})
+
+    def _sync(self) -> None:
+        """Write what makes the broker's credit the room (lock held): a qos, a consume or a cancel."""
+        queue = self._queue
+        credit = self._room_for(queue) + len(self._unsettled) if queue is not None else 0
+        if credit <= 0:
+            if self._tag is not None:
+                tag, self._tag = self._tag, None
+                amqp_push.cancel(self._channel, tag, wait=False)
+            return
+        if credit != self._credit:
+            amqp_push.set_prefetch(self._channel, credit)
+            self._credit = credit
+        if self._tag is None and queue is not None:
+            # The queue rides in the tag: deliveries on a cancelled tag still name theirs.
+            self._tag = f"durable-push-{next(_tag_numbers)}{_TAG_QUEUE}{queue}"
+            amqp_push.consume(self._channel, queue, self._tag, self._delivered)
+
+    def _settling(self, delivery_tag: int) -> None:
+        """Before an ack or reject of one of this channel's messages is written, in the writer's thread."""
+        with self._lock:
+            if delivery_tag in self._unsettled:
+                self._unsettled.discard(delivery_tag)
+                self._sync()
+
+    def _delivered(self, raw: Any) -> None:
+        with self._lock:
+            self._unsettled.add(raw.delivery_info["delivery_tag"])
+        self.delivered += 1
+        message = self._channel.message_to_python(raw)
+        message.accept = self._accept
+        self._on_delivery(raw.delivery_info["consumer_tag"].split(_TAG_QUEUE, 1)[1], message)
+
+
+def push_consumer_for(connection: Any, channel: Any, accept: Any, room_for: Callable[[str], int],
+                      on_delivery: Callable[[str, Any], None]) -> PushConsumer | None:
+    """A push consumer where the claim channel is py-amqp's (RabbitMQ); None elsewhere."""
+    if channel.connection.client.transport.driver_type != "amqp" or not supports_pipelined_gets(channel):
+        return None
+    return PushConsumer(connection, accept, room_for, on_delivery)
