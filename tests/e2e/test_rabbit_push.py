@@ -21,7 +21,7 @@ def test_one_queue_is_pushed_and_the_broker_keeps_all_but_the_room(scenario, ack
     stats = worker.wait_durable(lambda d: d["claim_pushing"] == queue and d["claimed_by_push"] >= 3,
                                 timeout=20, what="the queue to be pushed")
     for opened in range(4):
-        wait_for(lambda: len(s.started()) == 3 + opened, timeout=20, what=f"{3 + opened} runs to start")
+        wait_for(lambda opened=opened: len(s.started()) == 3 + opened, timeout=20, what=f"{3 + opened} runs to start")
         # Every run that started holds its slot until its gate opens: the broker keeps the rest.
         assert s.broker_depth("work") == 12 - 3 - opened
         s.open_gate()
@@ -72,10 +72,12 @@ def test_pushed_then_pushed_elsewhere_when_the_other_queue_is_at_its_cap(scenari
         s.send_waiting("b", f"b{i}", gate="b")
     wait_for(lambda: s.labelled("start", "b0"), timeout=20, what="b0 to start")
     assert s.broker_depth("b") == 4  # room 1: one pushed, the rest kept
-    s.send("a", "a1")
+    s.send_waiting("a", "a1", gate="a")
     s.open_gate("a")
     wait_for(lambda: s.labelled("start", "a1"), timeout=20, what="a1 to start")
+    # a1 holds the slot a0 freed (a, open again beside b, had the turn): b's credit stayed 0.
     assert s.broker_depth("b") == 4
+    s.open_gate("a")
     s.open_gate("b", count=5)
     s.wait_ended(7, timeout=30)
     assert worker.terminate() == 0
