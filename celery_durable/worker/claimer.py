@@ -66,6 +66,7 @@ class Claimer:
         new_fetcher: Callable[[Any, Any], Fetcher] = fetcher_for,
         gate: LimitGate | None = None,
         hub: Any = None,
+        push: bool = False,
     ) -> None:
         self._connection = connection
         self._hub = hub
@@ -98,6 +99,7 @@ class Claimer:
         self._order: tuple[str, ...] = ()
         self._idle: IdleWait | None = None
         self._push: PushConsumer | None = None
+        self._may_push = push
         self._ready = ReadyCounts()
         self.passes = 0
         #: Messages admitted from claim passes, and from the idle any-queue wait.
@@ -128,8 +130,8 @@ class Claimer:
         self._may_overdraw = gives_back_in_place(channel)
         self._idle = idle_wait_for(self._connection, channel, self._hub, accept=self._accept,
                                    on_wake=self.kick, on_delivery=self._idle_delivered)
-        self._push = push_consumer_for(self._connection, channel, self._accept, self._push_room,
-                                       self._push_delivered)
+        self._push = push_consumer_for(self._connection, channel, self._accept, self.held.room_for,
+                                       self._push_delivered) if self._may_push else None
         self.running = True
         # The first pass (and the idle wait it arms) runs now, before the worker
         # says ready, as stock Celery's consume does: a kick would queue it
@@ -285,9 +287,6 @@ class Claimer:
             return False
         push.serve(queue)
         return True
-
-    def _push_room(self, queue: str) -> int:
-        return min(self.held.room(), self.held.free_slots().get(queue, 0))
 
     def _push_delivered(self, queue_name: str, message: HostMessage) -> None:
         self.cursor = queue_name

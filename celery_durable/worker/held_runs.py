@@ -183,6 +183,10 @@ class HeldRuns:
             return 0
         return max(self.capacity - self._holding, 0)
 
+    def room_for(self, queue: str) -> int:
+        """The runs ``queue`` may still start: its free slots, within the process's room."""
+        return min(self.room(), self._free.get(queue, 0))
+
     def free_slots(self) -> dict[str, int]:
         with self._lock:
             return dict(self._free)

@@ -19,6 +19,13 @@ A cancel asks for its ``CancelOk``; RabbitMQ sends every delivery made on the
 tag before it and py-amqp dispatches frames in order, so each one still reaches
 :meth:`_delivered`, which hands it to the claimer: admitted if a slot is free,
 given back (rejected, requeued) if not. Nothing delivered is left without a runner.
+
+Only where tasks ack late (``task_acks_late``, the consumer decides): then the
+broker's unacked count follows the slots and the credit never moves while the
+worker is full. With early acks every run lowers the credit as it starts and
+raises it as it ends, and a full worker cancels the consumer and starts a new
+one per run: measured (2026-12-07, interleaved A/B, 3 rounds) on RabbitMQ no-op throughput that churn cost 0.63x
+(prefork -c2) and 0.76x (threads -c8) of the pipelined ``basic.get`` passes.
 """
 
 from __future__ import annotations

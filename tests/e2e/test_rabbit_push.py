@@ -1,4 +1,7 @@
-"""RabbitMQ, one open queue: the broker pushes with a credit of the worker's room, never buffering beyond it."""
+"""RabbitMQ, one open queue: the broker pushes with a credit of the worker's room, never buffering beyond it.
+
+Push is on where tasks ack late (worker/push_consumer.py says why): these workers set ``task_acks_late``.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +12,11 @@ from tests.e2e.harness import wait_for
 pytestmark = pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
 
 
-@pytest.mark.parametrize("acks_late", [False, True], ids=["early-ack", "acks_late"])
-def test_one_queue_is_pushed_and_the_broker_keeps_all_but_the_room(scenario, acks_late):
-    # Early acks are the case the credit must follow: the ack frees the broker's count while the run
-    # still holds its slot, so the credit is lowered before each ack goes out.
+def test_one_queue_is_pushed_and_the_broker_keeps_all_but_the_room(scenario):
     s = scenario(["work"])
     for i in range(12):
         s.send_waiting("work", f"w{i}")
-    worker = s.worker(conf={"durable_max_in_flight": 3, "task_acks_late": acks_late}, concurrency=3).wait_ready()
+    worker = s.worker(conf={"durable_max_in_flight": 3, "task_acks_late": True}, concurrency=3).wait_ready()
     queue = s.by_name["work"]
     stats = worker.wait_durable(lambda d: d["claim_pushing"] == queue and d["claimed_by_push"] >= 3,
                                 timeout=20, what="the queue to be pushed")
@@ -40,7 +40,8 @@ def test_a_queue_leaving_its_cap_gets_its_turn_from_a_pushed_queue(scenario):
     # and the rotated turn gives `a`'s waiting task the next slot, long before `b`'s backlog drains.
     s = scenario(["a", "b"])
     s.send_waiting("a", "a0", gate="a")
-    worker = s.worker(conf={"durable_max_in_flight": 1, "durable_queue_concurrency": {s.by_name["a"]: 1}},
+    worker = s.worker(conf={"durable_max_in_flight": 1, "task_acks_late": True,
+                                        "durable_queue_concurrency": {s.by_name["a"]: 1}},
                       concurrency=1).wait_ready()
     wait_for(lambda: s.labelled("start", "a0"), timeout=20, what="a0 to start")
     for i in range(40):
@@ -63,7 +64,8 @@ def test_a_queue_leaving_its_cap_gets_its_turn_from_a_pushed_queue(scenario):
 def test_pushed_then_pushed_elsewhere_when_the_other_queue_is_at_its_cap(scenario):
     s = scenario(["a", "b"])
     s.send_waiting("a", "a0", gate="a")
-    worker = s.worker(conf={"durable_max_in_flight": 2, "durable_queue_concurrency": {s.by_name["a"]: 1}},
+    worker = s.worker(conf={"durable_max_in_flight": 2, "task_acks_late": True,
+                                        "durable_queue_concurrency": {s.by_name["a"]: 1}},
                       concurrency=2).wait_ready()
     wait_for(lambda: s.labelled("start", "a0"), timeout=20, what="a0 to start")
     b = s.by_name["b"]
@@ -80,6 +82,17 @@ def test_pushed_then_pushed_elsewhere_when_the_other_queue_is_at_its_cap(scenari
     s.open_gate("a")
     s.open_gate("b", count=5)
     s.wait_ended(7, timeout=30)
+    assert worker.terminate() == 0
+
+
+def test_early_acks_keep_the_rotated_basic_get(scenario):
+    s = scenario(["work"])
+    for i in range(6):
+        s.send("work", f"w{i}")
+    worker = s.worker(conf={"durable_max_in_flight": 2}, concurrency=2).wait_ready()
+    s.wait_ended(6, timeout=30)
+    stats = worker.durable_stats()
+    assert (stats["claim_pushing"], stats["claimed_by_push"]) == (None, 0)
     assert worker.terminate() == 0
 
 
