@@ -7,11 +7,14 @@ count, so the credit is kept at ``room + delivered-and-unsettled``: what the
 broker may still send is exactly the room. The credit moves with the room:
 
 - a delivery takes a slot and adds an unsettled message: no change;
-- an ack or reject of one of its messages (an early ack while the run goes on,
-  a late ack as it ends, a message given back) lowers it by one, written
-  *before* the ack in the acking thread, so the broker never sees the ack
-  first and sends one more than the room;
-- a run ending frees a slot: the pass it kicks raises the credit;
+- an ack or reject of one of its messages while its run goes on (an early ack,
+  a message given back) lowers it by one, written *before* the ack in the
+  acking thread, so the broker never sees the ack first and sends one more
+  than the room;
+- a late ack as the run ends leaves it: the slot it frees is the room the
+  broker may fill (the pool's callback gives the slot back in the same thread
+  just after; a delivery that outruns it finds no slot and goes back in place);
+- a run ending after an early ack frees a slot: the pass it kicks raises the credit;
 - a credit of 0 cannot be said (``prefetch_count=0`` means unlimited): the
   consumer is cancelled, and a new one starts when room comes back.
 
@@ -51,20 +54,22 @@ class PushConsumer:
     """The push consumer of one claimer; :meth:`serve` and :meth:`stop` run on the loop thread."""
 
     def __init__(self, connection: Any, accept: Any, room_for: Callable[[str], int],
-                 on_delivery: Callable[[str, Any], None]) -> None:
+                 on_delivery: Callable[[str, Any], None], ending: Callable[[Any], bool]) -> None:
         self._connection = connection
         self._accept = prepare_accept_content(accept)
         #: The runs the worker may still take from a queue: min(process room, the queue's free slots).
         self._room_for = room_for
         self._on_delivery = on_delivery
+        #: Whether a message's settlement is its run's late ack at the end (its slot frees next).
+        self._ending = ending
         self._channel: Any = None
         # Re-entrant: a cancel waited for on the loop thread dispatches deliveries that take it again.
         self._lock = threading.RLock()
         self._queue: str | None = None
         self._tag: str | None = None
         self._credit = 0
-        #: Delivery tags delivered on this channel and not yet acked or rejected.
-        self._unsettled: set[int] = set()
+        #: Messages delivered on this channel and not yet acked or rejected, by delivery tag.
+        self._unsettled: dict[int, Any] = {}
         self.delivered = 0
 
     @property
@@ -123,22 +128,22 @@ class PushConsumer:
     def _settling(self, delivery_tag: int) -> None:
         """Before an ack or reject of one of this channel's messages is written, in the writer's thread."""
         with self._lock:
-            if delivery_tag in self._unsettled:
-                self._unsettled.discard(delivery_tag)
+            message = self._unsettled.pop(delivery_tag, None)
+            if message is not None and not self._ending(message):
                 self._sync()
 
     def _delivered(self, raw: Any) -> None:
-        with self._lock:
-            self._unsettled.add(raw.delivery_info["delivery_tag"])
-        self.delivered += 1
         message = self._channel.message_to_python(raw)
         message.accept = self._accept
+        with self._lock:
+            self._unsettled[raw.delivery_info["delivery_tag"]] = message
+        self.delivered += 1
         self._on_delivery(raw.delivery_info["consumer_tag"].split(_TAG_QUEUE, 1)[1], message)
 
 
 def push_consumer_for(connection: Any, channel: Any, accept: Any, room_for: Callable[[str], int],
-                      on_delivery: Callable[[str, Any], None]) -> PushConsumer | None:
+                      on_delivery: Callable[[str, Any], None], ending: Callable[[Any], bool]) -> PushConsumer | None:
     """A push consumer where the claim channel is py-amqp's (RabbitMQ); None elsewhere."""
     if channel.connection.client.transport.driver_type != "amqp" or not supports_pipelined_gets(channel):
         return None
-    return PushConsumer(connection, accept, room_for, on_delivery)
+    return PushConsumer(connection, accept, room_for, on_delivery, ending)
