@@ -131,7 +131,8 @@ class Claimer:
         self._idle = idle_wait_for(self._connection, channel, self._hub, accept=self._accept,
                                    on_wake=self.kick, on_delivery=self._idle_delivered)
         self._push = push_consumer_for(self._connection, channel, self._accept, self.held.room_for,
-                                       self._push_delivered, self.held.acked_as_it_ends) if self._may_push else None
+                                       self._push_delivered, self.held.holds,
+                                       self.held.acked_as_it_ends) if self._may_push else None
         self.running = True
         # The first pass (and the idle wait it arms) runs now, before the worker
         # says ready, as stock Celery's consume does: a kick would queue it

@@ -183,6 +183,12 @@ class HeldRuns:
             return 0
         return max(self.capacity - self._holding, 0)
 
+    def holds(self, message: HostMessage) -> bool:
+        """Whether ``message``'s run is held and holds a slot (not waiting for its ETA)."""
+        with self._lock:
+            run = self._runs.get(id(message))
+        return run is not None and not run.scheduled
+
     def acked_as_it_ends(self, message: HostMessage) -> bool:
         """Whether an ack of ``message`` now is its run's late ack: in the pool, a task that acks late."""
         with self._lock:

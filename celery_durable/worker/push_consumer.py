@@ -3,8 +3,11 @@
 While the worker has one open queue (planning/push_turn.py) the claimer lets
 the broker push it, on a channel of its own with a global ``basic.qos``. The
 broker delivers while the channel's unacked messages are below the prefetch
-count, so the credit is kept at ``room + delivered-and-unsettled``: what the
-broker may still send is exactly the room. The credit moves with the room:
+count, so the credit is kept at ``room + delivered, unsettled and still holding
+a slot``: what the broker may still send is at most the room. A message whose
+run is over but not yet acked (the thread pool acks on the loop thread, after
+the slot went back) is left out: the broker's count still has it, so until its
+ack the broker may send one fewer, never one more. The credit moves with the room:
 
 - a delivery takes a slot and adds an unsettled message: no change;
 - an ack or reject of one of its messages while its run goes on (an early ack,
@@ -54,13 +57,15 @@ class PushConsumer:
     """The push consumer of one claimer; :meth:`serve` and :meth:`stop` run on the loop thread."""
 
     def __init__(self, connection: Any, accept: Any, room_for: Callable[[str], int],
-                 on_delivery: Callable[[str, Any], None], ending: Callable[[Any], bool]) -> None:
+                 on_delivery: Callable[[str, Any], None], holding: Callable[[Any], bool],
+                 ending: Callable[[Any], bool]) -> None:
         self._connection = connection
         self._accept = prepare_accept_content(accept)
         #: The runs the worker may still take from a queue: min(process room, the queue's free slots).
         self._room_for = room_for
         self._on_delivery = on_delivery
-        #: Whether a message's settlement is its run's late ack at the end (its slot frees next).
+        #: Whether a message's run holds a slot; whether its settlement is the run's late ack at the end.
+        self._holding = holding
         self._ending = ending
         self._channel: Any = None
         # Re-entrant: a cancel waited for on the loop thread dispatches deliveries that take it again.
@@ -111,7 +116,8 @@ class PushConsumer:
     def _sync(self) -> None:
         """Write what makes the broker's credit the room (lock held): a qos, a consume or a cancel."""
         queue = self._queue
-        credit = self._room_for(queue) + len(self._unsettled) if queue is not None else 0
+        live = sum(1 for message in self._unsettled.values() if self._holding(message))
+        credit = self._room_for(queue) + live if queue is not None else 0
         if credit <= 0:
             if self._tag is not None:
                 tag, self._tag = self._tag, None
@@ -129,7 +135,8 @@ class PushConsumer:
         """Before an ack or reject of one of this channel's messages is written, in the writer's thread."""
         with self._lock:
             message = self._unsettled.pop(delivery_tag, None)
-            if message is not None and not self._ending(message):
+            # Only a message the credit counted moves it: one whose run still holds its slot.
+            if message is not None and self._holding(message) and not self._ending(message):
                 self._sync()
 
     def _delivered(self, raw: Any) -> None:
@@ -142,8 +149,9 @@ class PushConsumer:
 
 
 def push_consumer_for(connection: Any, channel: Any, accept: Any, room_for: Callable[[str], int],
-                      on_delivery: Callable[[str, Any], None], ending: Callable[[Any], bool]) -> PushConsumer | None:
+                      on_delivery: Callable[[str, Any], None], holding: Callable[[Any], bool],
+                      ending: Callable[[Any], bool]) -> PushConsumer | None:
     """A push consumer where the claim channel is py-amqp's (RabbitMQ); None elsewhere."""
     if channel.connection.client.transport.driver_type != "amqp" or not supports_pipelined_gets(channel):
         return None
-    return PushConsumer(connection, accept, room_for, on_delivery, ending)
+    return PushConsumer(connection, accept, room_for, on_delivery, holding, ending)
