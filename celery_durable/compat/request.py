@@ -85,3 +85,8 @@ def eta_ahead(message: HostMessage) -> bool:
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return when > datetime.now(timezone.utc)
+
+
+def acks_late(request: Any) -> bool:
+    """Whether ``request``'s task acks its message as the run ends (``Request.task.acks_late``, Celery 5.x)."""
+    return bool(request.task.acks_late)

@@ -15,6 +15,9 @@ class ClaimStats:
     #: Messages admitted from claim passes, and from the idle any-queue wait.
     claimed_by_passes: int = 0
     claimed_by_idle_wait: int = 0
+    #: Messages RabbitMQ pushed while one queue was open (worker/push_consumer.py), and the queue it pushes.
+    claimed_by_push: int = 0
+    pushing: str | None = None
     #: Redis: the idle wait only watches, and each message it sees kicks a pass that takes it.
     idle_wakes: int = 0
     #: The queues the idle wait is armed on (empty when it is not armed).
@@ -31,6 +34,8 @@ class ClaimStats:
             "claim_passes": self.passes,
             "claimed_by_passes": self.claimed_by_passes,
             "claimed_by_idle_wait": self.claimed_by_idle_wait,
+            "claimed_by_push": self.claimed_by_push,
+            "claim_pushing": self.pushing,
             "idle_wakes": self.idle_wakes,
             "idle_waiting_on": sorted(self.idle_waiting_on),
             "claim_round_trips": self.round_trips,

@@ -23,14 +23,7 @@ from celery_durable.planning.claim_sweep import (
     waitable_queues,
 )
 from celery_durable.planning.known_empty import NOTHING_KNOWN, KnownEmpty, after_pass, notified, pass_order
-from celery_durable.planning.known_ready import (
-    NOTHING_READY_KNOWN,
-    KnownReady,
-    after_ask,
-    after_probe,
-    pass_queues,
-    to_probe,
-)
+from celery_durable.planning.push_turn import push_queue
 from celery_durable.worker.admission import Admitter
 from celery_durable.worker.claim_stats import ClaimStats
 from celery_durable.worker.fetchers import (
@@ -44,6 +37,8 @@ from celery_durable.worker.fetchers import (
 from celery_durable.worker.held_runs import HeldRuns
 from celery_durable.worker.idle_wait import IdleWait, idle_wait_for
 from celery_durable.worker.parking import parker_for
+from celery_durable.worker.probing import QueueProber
+from celery_durable.worker.push_consumer import PushConsumer, push_consumer_for
 
 #: Seconds between an idle wait's delivery and the pass that fills the rest of the room (see ``_idle_delivered``).
 FOLLOW_UP_PASS_DELAY = 0.001
@@ -71,6 +66,7 @@ class Claimer:
         new_fetcher: Callable[[Any, Any], Fetcher] = fetcher_for,
         gate: LimitGate | None = None,
         hub: Any = None,
+        push: bool = False,
     ) -> None:
         self._connection = connection
         self._hub = hub
@@ -92,7 +88,6 @@ class Claimer:
         # Chosen at start, from the claim channel's transport.
         self._fetcher: Fetcher | None = None
         self._pass_fetcher: PassFetcher | None = None
-        self._probing_fetcher: ProbingFetcher | None = None
         self._notifying_fetcher: NotifyingFetcher | None = None
         #: Queues a pass may leave out (planning/known_empty.py); only with a broker that notifies.
         self._known_empty: KnownEmpty = NOTHING_KNOWN
@@ -102,8 +97,10 @@ class Claimer:
         self._queue_map: dict[str, Any] = {}
         self._order: tuple[str, ...] = ()
         self._idle: IdleWait | None = None
-        #: What a probing fetcher's passes know of each queue's ready messages (planning/known_ready.py).
-        self._known_ready: KnownReady = NOTHING_READY_KNOWN
+        #: What a probing fetcher's passes know of each queue's ready messages (RabbitMQ).
+        self._prober: QueueProber | None = None
+        self._push: PushConsumer | None = None
+        self._may_push = push
         self.passes = 0
         #: Messages admitted from claim passes, and from the idle any-queue wait.
         self.claimed_by_passes = 0
@@ -126,14 +123,17 @@ class Claimer:
         # What the fetcher can do is asked once: an isinstance against a
         # runtime-checkable protocol walks its members (~3 % of a pass).
         self._pass_fetcher = self._fetcher if isinstance(self._fetcher, PassFetcher) else None
-        self._probing_fetcher = self._fetcher if isinstance(self._fetcher, ProbingFetcher) else None
+        fetcher = self._fetcher
+        self._prober = QueueProber(fetcher, self._clock) if isinstance(fetcher, ProbingFetcher) else None
         self._notifying_fetcher = self._fetcher if isinstance(self._fetcher, NotifyingFetcher) else None
         self._known_empty = NOTHING_KNOWN
-        self._known_ready = NOTHING_READY_KNOWN
         self._admission.parker = parker_for(self._connection, channel)
         self._may_overdraw = gives_back_in_place(channel)
         self._idle = idle_wait_for(self._connection, channel, self._hub, accept=self._accept,
                                    on_wake=self.kick, on_delivery=self._idle_delivered)
+        self._push = push_consumer_for(self._connection, channel, self._accept, self.held.room_for,
+                                       self._push_delivered, self.held.holds,
+                                       self.held.acked_as_it_ends) if self._may_push else None
         self.running = True
         # The first pass (and the idle wait it arms) runs now, before the worker
         # says ready, as stock Celery's consume does: a kick would queue it
@@ -145,11 +145,15 @@ class Claimer:
         self.running = False
         if self._idle is not None:
             self._idle.cancel()
+        if self._push is not None:
+            self._push.stop()
 
     def close(self) -> None:
         self.stop()
         if self._idle is not None:
             self._idle.close()
+        if self._push is not None:
+            self._push.close()
 
     def queues_changed(self) -> None:
         """A queue was cancelled: the idle wait must not go on consuming what it was armed on.
@@ -160,13 +164,18 @@ class Claimer:
         """
         if self._idle is not None:
             self._idle.cancel()
+        if self._push is not None:
+            self._push.stop()
         self._known_empty = NOTHING_KNOWN
-        self._known_ready = NOTHING_READY_KNOWN
+        if self._prober is not None:
+            self._prober.forget()
         self.kick()
 
     def stats(self) -> ClaimStats:
-        idle, fetcher = self._idle, self._fetcher
+        idle, fetcher, push = self._idle, self._fetcher, self._push
         return ClaimStats(
+            claimed_by_push=push.delivered if push is not None else 0,
+            pushing=push.queue if push is not None else None,
             passes=self.passes,
             claimed_by_passes=self.claimed_by_passes,
             claimed_by_idle_wait=self.claimed_by_idle_wait,
@@ -216,12 +225,14 @@ class Claimer:
         if len(free) != len(order):
             free = {q: free[q] for q in order}
         room = self.held.room()
+        if self._push is not None and self._pushed(self._push, order, free, room):
+            return 0
         # A pass that asks beyond its room must check each run against the slots as it admits it;
         # one that does not cannot take more than its room, and skips that bookkeeping.
         bounded = self._overdraw > 0 and room > 0
         free, room = overdrawn(free, room, self._overdraw)
-        if self._probing_fetcher is not None and room > 0:
-            order, free = self._probed(self._probing_fetcher, order, free)
+        if self._prober is not None and room > 0:
+            order, free = self._prober.probed(order, self.cursor, free)
         full = True
         if self._notifying_fetcher is not None:
             self._known_empty = notified(self._known_empty, self._notifying_fetcher.notified())
@@ -238,10 +249,8 @@ class Claimer:
                 if ask is None:
                     break
                 taken, admitted, back = self._fetch(self._fetcher, queues[ask.queue], ask.count, bounded)
-                if self._probing_fetcher is not None:
-                    self._known_ready = after_ask(self._known_ready, ask.queue, asked=ask.count, got=taken,
-                                                  remaining=self._probing_fetcher.remaining(),
-                                                  now=self._clock.monotonic())
+                if self._prober is not None:
+                    self._prober.asked(ask.queue, ask.count, taken)
                 sweep = record(sweep, ask, taken)
                 went_to_wait += taken - admitted - back
                 handed_back += back
@@ -269,10 +278,29 @@ class Claimer:
             # pending (runs finished during the pass): that pass re-plans, and
             # arming now would cost a consume and a cancel for nothing.
             names = waitable_queues(self.held.queues(), self.held.free_slots(), self.held.room())
-            # What the wait does not deliver is not known after it: the pass it wakes probes afresh.
-            self._known_ready = NOTHING_READY_KNOWN
+            if self._prober is not None:
+                # What the wait does not deliver is not known after it: the pass it wakes probes afresh.
+                self._prober.forget()
             self._idle.arm({name: queues[name] for name in names if name in queues})
         return sweep.claimed
+
+    def _pushed(self, push: PushConsumer, order: Sequence[str], free: dict[str, int], room: int) -> bool:
+        """Whether the broker pushes this pass's room (one open queue); else back to the rotated turn."""
+        queue = push_queue(order, free, room)
+        if queue is None and room <= 0:
+            queue = push.queue  # a full worker has no queue open, and no reason to switch
+        if queue is None:
+            if push.queue is not None:
+                push.stop()
+            return False
+        push.serve(queue)
+        return True
+
+    def _push_delivered(self, queue_name: str, message: HostMessage) -> None:
+        self.cursor = queue_name
+        # Bounded: a delivery the credit allowed before a slot went elsewhere (an ETA run fell due)
+        # finds none, and goes back to the broker in place.
+        self._admission.admit_all([(queue_name, message)], bounded=True)
 
     def _consumed_order(self) -> tuple[dict[str, Any], Sequence[str]]:
         """The consumed queues by name, and the held queues' order among them; rebuilt only when either
@@ -283,23 +311,6 @@ class Claimer:
             self._queue_map = {queue.name: queue for queue in consumed}
             self._order = tuple(name for name in held if name in self._queue_map)
         return self._queue_map, self._order
-
-    def _probed(self, fetcher: ProbingFetcher, order: Sequence[str],
-                free: dict[str, int]) -> tuple[tuple[str, ...], dict[str, int]]:
-        """The pass's order less the queues trusted empty, and free slots capped by each queue's ready messages.
-
-        Only queues whose count is unknown are probed (planning/known_ready.py): a queue an ask
-        left holding work is known from its ``GetOk``, and one found empty is trusted empty for
-        ``PROBED_EMPTY_FOR``. A message landing on it meanwhile is found by the probe after that,
-        or at once by the idle wait armed when the worker has room.
-        """
-        now = self._clock.monotonic()
-        unknown = to_probe(self._known_ready, order, free, now)
-        if unknown:
-            ready = fetcher.ready_counts(unknown)
-            now = self._clock.monotonic()
-            self._known_ready = after_probe(self._known_ready, ready, now)
-        return pass_queues(order, self.cursor, free, self._known_ready, now)
 
     def _run_whole_pass(self, fetcher: PassFetcher, sweep: Sweep, bounded: bool,
                         full: bool) -> tuple[Sweep, int, int]:

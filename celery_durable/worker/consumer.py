@@ -85,6 +85,8 @@ class DurableConsumer(ConsumerHooks):
             accept=self.app.conf.accept_content,
             schedule=self._loop_kicks(hub),
             hub=hub,
+            # Push pays where the broker's unacked count follows the slots (worker/push_consumer.py).
+            push=bool(self.app.conf.task_acks_late),
         )
         if hub is not None:
             for interval, fn in self.runtime.timers:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_durable.compat.host_types import HostMessage, HostRequest
-from celery_durable.compat.request import cached_context
+from celery_durable.compat.request import acks_late, cached_context
 from celery_durable.errors import InvariantBroken
 
 
@@ -182,6 +182,22 @@ class HeldRuns:
             # Too many ETA runs held already: claim nothing more until some fall due.
             return 0
         return max(self.capacity - self._holding, 0)
+
+    def holds(self, message: HostMessage) -> bool:
+        """Whether ``message``'s run is held and holds a slot (not waiting for its ETA)."""
+        with self._lock:
+            run = self._runs.get(id(message))
+        return run is not None and not run.scheduled
+
+    def acked_as_it_ends(self, message: HostMessage) -> bool:
+        """Whether an ack of ``message`` now is its run's late ack: in the pool, a task that acks late."""
+        with self._lock:
+            run = self._runs.get(id(message))
+        return run is not None and run.in_pool and run.request is not None and acks_late(run.request)
+
+    def room_for(self, queue: str) -> int:
+        """The runs ``queue`` may still start: its free slots, within the process's room."""
+        return min(self.room(), self._free.get(queue, 0))
 
     def free_slots(self) -> dict[str, int]:
         with self._lock:

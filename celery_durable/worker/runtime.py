@@ -103,12 +103,14 @@ class WorkerRuntime:
         accept: Any,
         schedule: Callable[[Callable[[], None]], None] | None = None,
         hub: Any = None,
+        push: bool = False,
     ) -> Claimer:
         """A claimer for ``connection`` (closing the last one), and its timers in ``self.timers``.
 
         ``schedule`` runs a callable soon on the loop thread (Celery's
         ``LoopKicks``, a self-pipe the hub polls); without one, kicks wait for :meth:`run_scheduled`.
         ``hub`` (Celery's event loop; None without one) polls the Redis idle wait's sockets.
+        ``push``: RabbitMQ may push a worker's one open queue (worker/push_consumer.py).
         """
         if self.claimer is not None:
             self.claimer.close()
@@ -143,6 +145,7 @@ class WorkerRuntime:
             new_fetcher=new_fetcher,
             gate=self.gate,
             hub=hub,
+            push=push,
         )
         self.claimer = claimer
         timers: list[Timer] = [(self.config.safety_interval, claimer.kick)]

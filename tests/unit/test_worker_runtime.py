@@ -604,6 +604,8 @@ def test_stats_report_the_claim_state(connection, make_worker):
         "claims_handed_back": 0,
         "claimed_by_passes": 3,
         "claimed_by_idle_wait": 0,
+        "claimed_by_push": 0,  # the memory transport has no push consumer
+        "claim_pushing": None,
         "idle_wakes": 0,
         "idle_waiting_on": [b],  # a is at its slot; room is left for b
         "leases": {},  # no task declares a fleet limit: no gate

@@ -1,0 +1,19 @@
+"""planning/push_turn.py from tables: push only where exactly one queue is open."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_durable.planning.push_turn import push_queue
+
+
+@pytest.mark.parametrize(("order", "free", "room", "pushed"), [
+    (["a"], {"a": 8}, 8, "a"),                    # one queue: nothing to take turns with
+    (["a", "b"], {"a": 0, "b": 3}, 2, "b"),       # a at its per-queue cap has no turn to lose
+    (["a", "b"], {"a": 1, "b": 3}, 2, None),      # two open: the rotated turn
+    (["a", "b", "c"], {"a": 0, "b": 0, "c": 0}, 2, None),
+    (["a"], {"a": 8}, 0, None),                   # no room: no queue is open (the caller keeps its mode)
+    (["a", "b"], {"a": 2}, 2, "a"),               # a queue with no slots recorded is not open
+])
+def test_push_queue(order, free, room, pushed):
+    assert push_queue(order, free, room) == pushed
