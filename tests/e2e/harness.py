@@ -310,7 +310,10 @@ class WorkerProcess:
         wait_for(ready, timeout=timeout, what="the worker to be ready", every=0.05)
         if not self.has_remote_control:
             return self
-        wait_for(lambda: ready() and self.answers_ping(),
+        # A ping sent before the mailbox listens goes unanswered, its whole timeout waited out; a listening
+        # one answers in ms. So the first pings wait briefly, then 1 s each, as a loaded machine may need.
+        ping_timeouts = iter([0.2, 0.5])
+        wait_for(lambda: ready() and self.answers_ping(next(ping_timeouts, 1.0)),
                  timeout=max(deadline - time.monotonic(), 1.0), what="the ready worker to answer ping",
                  every=0.05)
         return self

@@ -6,13 +6,14 @@ import time
 
 import pytest
 
+from tests.conftest import MESSAGE_BROKERS
 from tests.e2e.durable_support import APP, conf, durable_scenario, run_state  # noqa: F401 - a fixture
 from tests.e2e.harness import wait_for
 
 
 @pytest.mark.long
 @pytest.mark.parametrize("execution", ["threads", "prefork"])
-@pytest.mark.parametrize("broker_kind", ["rabbitmq", "redis"])
+@pytest.mark.parametrize("broker_kind", MESSAGE_BROKERS)
 def test_a_worker_cut_off_from_its_broker_mid_run_claims_again_once_it_is_back(durable_scenario, fault_proxy,
                                                                                broker_kind, execution):
     s, url = durable_scenario("postgresql", broker_kind)

@@ -7,6 +7,7 @@ from celery import Celery
 
 import celery_durable
 from celery_durable.tasks import runs as durable_runs
+from tests.conftest import MESSAGE_BROKERS
 from tests.e2e.durable_support import (  # noqa: F401 - durable_scenario is a fixture
     APP,
     conf,
@@ -32,7 +33,7 @@ def _redelivery(url: str, broker_kind: str) -> dict:
 
 
 @pytest.mark.parametrize("store_kind", ["postgresql", "sqlite"])
-@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker_kind", MESSAGE_BROKERS)
 def test_a_run_killed_after_step_two_resumes_at_step_three_and_its_duplicate_is_a_no_op(
         durable_scenario, store_kind, broker_kind):
     s, url = durable_scenario(store_kind, broker_kind)

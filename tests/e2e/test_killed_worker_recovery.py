@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from celery_durable.store.engine import engine_for, ensure_schema
+from tests.conftest import MESSAGE_BROKERS
 from tests.e2e.durable_support import APP, conf, durable_scenario, effects, run_state  # noqa: F401 - fixture
 from tests.e2e.durableapp import EFFECTS_DDL
 from tests.e2e.harness import Scenario, WorkerProcess, wait_for
@@ -73,7 +74,7 @@ def test_a_killed_workers_runs_finish_within_two_lease_ttls_and_a_live_run_is_le
     assert survivor.terminate() == 0
 
 
-@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker_kind", MESSAGE_BROKERS)
 def test_a_run_whose_message_was_deleted_resumes_from_its_checkpoint_within_three_lease_ttls(
         durable_scenario, broker_kind):
     """The worker dies and its message is gone from the broker (purged, deleted by hand, a broker restarted

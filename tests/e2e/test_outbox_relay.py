@@ -34,8 +34,9 @@ from tests.stores import fresh_store
 
 THREADS, PER_THREAD = 4, 500
 
-#: (database, broker) pairs the race runs on.
-COMBINATIONS = [("postgresql", "redis"), ("sqlite", "rabbitmq"), ("postgresql", "rabbitmq"), ("sqlite", "redis")]
+#: (database, broker) pairs the race runs on: each store's claim of outbox rows and each transport's batched
+#: publish once (the two are independent: the cross pairs proved nothing more, at half a minute each).
+COMBINATIONS = [("postgresql", "redis"), ("sqlite", "rabbitmq")]
 
 
 @pytest.fixture

@@ -14,8 +14,9 @@ def test_runs_waiting_at_a_lost_rabbitmq_connection_are_redelivered_and_their_co
     # Through the test's own proxy: only this test's connections are cut, not every client's of
     # the shared broker.
     s = scenario(["q"], proxied=True)
-    ids = [s.send("q", f"eta{i}", 0.0, countdown=3) for i in range(2)]
     worker = s.worker(conf={"durable_max_in_flight": 2}, concurrency=2).wait_ready()
+    # Sent once the worker is up: sent before, they fell due while a loaded machine started it, and ran at once.
+    ids = [s.send("q", f"eta{i}", 0.0, countdown=3) for i in range(2)]
     worker.wait_durable(lambda st: st["scheduled"] == 2, timeout=20, what="both ETA runs held")
     connected = worker.log().count("Connected to amqp")
     s.proxy.drop_connections()

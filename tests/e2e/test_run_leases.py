@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from celery_durable.tasks import runs as durable_runs
+from tests.conftest import MESSAGE_BROKERS
 from tests.e2e.durable_support import (  # noqa: F401 - durable_scenario is a fixture
     APP,
     conf,
@@ -65,7 +66,7 @@ def test_a_copy_of_a_live_run_is_deferred_never_run_beside_it(durable_scenario, 
     assert worker.terminate() == 0
 
 
-@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker_kind", MESSAGE_BROKERS)
 def test_a_deferred_copy_takes_over_when_the_live_holder_dies(durable_scenario, broker_kind):
     s, url = durable_scenario("postgresql", broker_kind)
     settings = conf(url, durable_lease_ttl=2, durable_restore_interval=0.3,
@@ -113,7 +114,7 @@ def test_a_sleep_longer_than_the_visibility_timeout_wakes_once(durable_scenario,
     assert worker.terminate() == 0
 
 
-@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker_kind", MESSAGE_BROKERS)
 def test_a_run_that_kills_its_worker_every_time_is_buried_after_its_retries(durable_scenario, broker_kind):
     s, url = durable_scenario("postgresql", broker_kind)
     worker = s.worker(app=APP, conf=conf(url, durable_lease_ttl=1, durable_restore_interval=0.3,
@@ -141,7 +142,7 @@ def test_a_run_that_kills_its_worker_every_time_is_buried_after_its_retries(dura
     assert worker.terminate() == 0
 
 
-@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker_kind", MESSAGE_BROKERS)
 def test_a_run_whose_worker_lost_its_broker_connection_runs_once(durable_scenario, fault_proxy, broker_kind):
     """RabbitMQ gives a message back the moment the connection that holds it closes, while the run goes on
     in the pool: the copy must wait for the live attempt, not run beside it. On Redis the worker must

@@ -21,6 +21,7 @@ from celery_durable.metrics.outbox import REGISTRY, store_label, watch
 from celery_durable.outbox.relay import Relay
 from celery_durable.store import outbox as store
 from celery_durable.store.engine import autocommit, ensure_schema
+from tests.conftest import MESSAGE_BROKERS
 from tests.e2e.harness import wait_for
 from tests.faultproxy import FaultProxy
 from tests.services import broker_url
@@ -62,6 +63,8 @@ def outbox_row(store_url: str, task_id: str) -> dict[str, Any] | None:
         return store.get(conn, task_id)
 
 
+# The batch publishes differently per transport (a Redis pipeline, AMQP confirms): each is proven.
+@pytest.mark.parametrize("broker", MESSAGE_BROKERS, indirect=True)
 def test_rollback_publishes_nothing_commit_publishes_once(
         store_url: str, broker: tuple[str, str], user_engine: sa.engine.Engine) -> None:
     app = make_app(broker[1], store_url)

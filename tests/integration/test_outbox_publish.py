@@ -26,6 +26,7 @@ from celery_durable.store import outbox as store
 from celery_durable.store.outbox import OutboxRow
 from celery_durable.testing.clock import FakeClock
 from celery_durable.worker.signals import connect_install
+from tests.conftest import MESSAGE_BROKERS
 from tests.e2e.harness import wait_for
 from tests.faultproxy import FaultProxy
 from tests.services import broker_url
@@ -183,6 +184,8 @@ def test_routes_the_fast_path_cannot_reproduce_take_kombus_own_publish_in_order(
                             f"_kombu.binding_permanent.{topic.exchange.name}")
 
 
+# The batch publishes differently per transport (a Redis pipeline, AMQP confirms): each is proven.
+@pytest.mark.parametrize("broker", MESSAGE_BROKERS, indirect=True)
 def test_relay_passes_use_the_batch_and_mark_rows(store_url: str, user_engine: sa.engine.Engine,
                                                   broker: tuple[str, str]) -> None:
     app = make_app(broker[1], store_url)
@@ -283,6 +286,8 @@ def test_rabbitmq_refusal_or_missing_acks_fail_the_whole_batch_and_the_next_one_
     assert counts[rows[0].task_id] <= 3 and counts[rows[2].task_id] <= 2
 
 
+# Each transport's client fails a dead pooled connection its own way (redis-py, py-amqp): each is proven.
+@pytest.mark.parametrize("broker", MESSAGE_BROKERS, indirect=True)
 def test_a_relay_pass_rides_over_a_pooled_connection_the_broker_dropped(
         store_url: str, user_engine: sa.engine.Engine, broker: tuple[str, str],
         fault_proxy: Callable[[str], FaultProxy]) -> None:
@@ -315,6 +320,8 @@ def test_a_relay_pass_rides_over_a_pooled_connection_the_broker_dropped(
     assert sorted(got) == sorted([before, after])
 
 
+# The batch publishes differently per transport (a Redis pipeline, AMQP confirms): each is proven.
+@pytest.mark.parametrize("broker", MESSAGE_BROKERS, indirect=True)
 @pytest.mark.parametrize("path", ["batch", "one-by-one"])
 def test_each_published_row_emits_one_task_sent_event_after_its_message(
         store_url: str, user_engine: sa.engine.Engine, broker: tuple[str, str], path: str) -> None:
