@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,8 +16,9 @@ from typing import Any
 
 import redis
 from celery import Celery
-from kombu.exceptions import OperationalError
 
+from tests.e2e.waiting import wait_for
+from tests.e2e.worker_control import RemoteControlled
 from tests.faultproxy import FaultProxy
 from tests.services import OBSERVE_URL
 
@@ -29,18 +29,6 @@ REPO = Path(__file__).resolve().parents[2]
 STARTED_LOGS: list[Path] = []
 #: The title of those tails in a report's sections (the root conftest prints each one's last lines at the end).
 E2E_LOG_SECTION = "e2e log"
-
-
-def wait_for(condition: Callable[[], Any], *, timeout: float, what: str, every: float = 0.02) -> Any:
-    """Poll ``condition`` until it is truthy; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass
@@ -192,7 +180,7 @@ def _child_env(scenario: Scenario, conf: dict[str, Any], broker_url: str | None,
     return env
 
 
-class WorkerProcess:
+class WorkerProcess(RemoteControlled):
     """A ``celery -A tests.e2e.e2eapp worker`` subprocess (or of another ``app`` module)."""
 
     def __init__(self, scenario: Scenario, queues: list[str], conf: dict[str, Any], pool: str | None,
@@ -217,81 +205,6 @@ class WorkerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
-
-    @property
-    def hostname(self) -> str:
-        """The node name the worker answers remote control as (``-n`` with ``%h`` expanded)."""
-        return self.name.replace("%h", socket.gethostname())
-
-    def stats(self, timeout: float = 2.0) -> dict[str, Any] | None:
-        """This worker's ``celery inspect stats`` reply; None if it did not answer within ``timeout``."""
-        replies = self._broadcast(lambda control: control.inspect(destination=[self.hostname], timeout=timeout,
-                                                                  limit=1).stats()) or {}
-        return replies.get(self.hostname)
-
-    def durable_stats(self, timeout: float = 2.0) -> dict[str, Any]:
-        """The ``durable`` section of ``inspect stats``; fails if the worker does not answer."""
-        reply = self.stats(timeout)
-        if reply is None:
-            raise AssertionError(f"{self.hostname} did not answer inspect stats within {timeout}s")
-        return dict(reply["durable"])
-
-    def wait_durable(self, condition: Callable[[dict[str, Any]], Any], *, timeout: float,
-                     what: str) -> dict[str, Any]:
-        """Poll the ``durable`` stats until ``condition(stats)``; fail naming the last stats seen."""
-        seen: list[dict[str, Any]] = []
-
-        def check() -> dict[str, Any] | None:
-            reply = self.stats()
-            if reply is None:  # a missed reply is one more poll, not the answer; the deadline still holds
-                return None
-            stats = dict(reply["durable"])
-            seen[:] = [stats]
-            return stats if condition(stats) else None
-
-        try:
-            return wait_for(check, timeout=timeout, what=what, every=0.1)
-        except AssertionError as err:
-            raise AssertionError(f"{err}; last durable stats: {seen[-1] if seen else None}") from None
-
-    @property
-    def has_remote_control(self) -> bool:
-        """kombu's SQLAlchemy transport keeps fanout bindings in each process, and the PostgreSQL broker has
-        no fan-out yet (issue 26): no broadcast reaches a worker."""
-        return not self._broker_url.startswith(("sqla", "durable+"))
-
-    def control_app(self) -> Celery:
-        """An app whose broadcasts reach this worker: the scenario's (on the broker itself, even when the
-        worker goes through a fault proxy), unless the worker's keys have a ``global_keyprefix`` (its
-        mailbox's keys have it too)."""
-        options = self._transport_options or {}
-        if not options.get("global_keyprefix"):
-            return self.scenario.producer
-        if self._own_control is None:
-            self._own_control = Celery("e2e-control", broker=self.scenario.broker_url, set_as_current=False)
-            self._own_control.conf.broker_transport_options = options
-        return self._own_control
-
-    def _broadcast(self, ask: Callable[[Any], Any]) -> Any:
-        """``ask(control)`` on the app whose broadcasts reach this worker, on a fresh connection if need be.
-
-        kombu pools connections process-wide by URL, so a broadcast may be handed a pooled connection an
-        earlier test of this process left idle and the broker has since dropped (stop 22's CI: "connection
-        reset" on a ping's first write). Celery's broadcast does not retry: the pools are reset and the
-        broadcast is sent once more, on a new connection.
-        """
-        try:
-            return ask(self.control_app().control)
-        except (ConnectionError, OSError, OperationalError):
-            self.scenario.reconnect_producer()
-            self._close_control()
-            return ask(self.control_app().control)
-
-    def answers_ping(self, timeout: float = 1.0) -> bool:
-        """Whether this worker's remote-control mailbox answered a ``ping`` within ``timeout``."""
-        replies = self._broadcast(lambda control: control.ping(destination=[self.hostname], timeout=timeout,
-                                                               limit=1))
-        return any(self.hostname in reply for reply in replies or [])
 
     def wait_ready(self, timeout: float = 30.0) -> WorkerProcess:
         """Wait for the ready line, then for the worker to answer ``ping``.
@@ -327,11 +240,6 @@ class WorkerProcess:
         finally:
             self._log.close()
             self._close_control()
-
-    def _close_control(self) -> None:
-        if self._own_control is not None:
-            self._own_control.close()
-            self._own_control = None
 
     def kill(self) -> None:
         """SIGKILL the worker and its pool children (as a crash would)."""

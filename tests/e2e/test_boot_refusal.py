@@ -1,13 +1,25 @@
-"""A real ``celery worker -P durable``: bad settings refuse the boot in one line; the pool resolves however named."""
+"""A real ``celery worker -P durable``: bad settings refuse the boot in one line; the pool resolves however named.
+
+Each way a refusal reaches the user (a bad setting under ``-P durable``, under ``worker_pool = "durable"``, in
+an app that never imports celery_durable, a metrics port in use, a missing host internal) is proven once on a
+real worker process: its exit status, its one log line, nothing claimed. Every other bad value is checked
+in-process on a worker built by Celery's own WorkController, whose ``worker_init`` runs the very receiver that
+refuses a real boot (celery_durable.worker.boot), asserting the same line and message: a worker start each
+would cost ~4 s of CI for nothing the real process adds.
+"""
 
 from __future__ import annotations
 
+import importlib
+import logging
 import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from celery import Celery
 
+import celery_durable
 from tests.e2e.harness import Scenario, WorkerProcess, wait_for
 from tests.e2e.metrics_ports import free_port, free_ports, metrics_text
 from tests.services import broker_url
@@ -28,11 +40,12 @@ def wait_exit(worker: WorkerProcess, timeout: float = 60.0) -> int:
     return worker.process.returncode
 
 
-Conf = Callable[[Scenario], dict[str, Any]]
+#: A bad configuration, made from the test's queue names (a per-queue setting names a consumed queue).
+Conf = Callable[[dict[str, str]], dict[str, Any]]
 
 
 def const(conf: dict[str, Any]) -> Conf:
-    return lambda s: conf
+    return lambda queues: conf
 
 
 REFUSED: list[Any] = [
@@ -45,9 +58,9 @@ REFUSED: list[Any] = [
     pytest.param(const({"durable_max_in_flight": NAN}), "durable_max_in_flight", "got nan", id="cap-nan"),
     pytest.param(const({"durable_max_in_flight": INF}), "durable_max_in_flight", "got inf", id="cap-inf"),
     pytest.param(const({"durable_queue_concurrency": 0}), "durable_queue_concurrency", "got 0", id="slots-0"),
-    pytest.param(lambda s: {"durable_queue_concurrency": {s.by_name["a"]: 0}}, "durable_queue_concurrency",
+    pytest.param(lambda q: {"durable_queue_concurrency": {q["a"]: 0}}, "durable_queue_concurrency",
                  "got 0", id="slots-0-for-a-consumed-queue"),
-    pytest.param(lambda s: {"durable_queue_concurrency": {s.by_name["a"]: "2"}}, "durable_queue_concurrency",
+    pytest.param(lambda q: {"durable_queue_concurrency": {q["a"]: "2"}}, "durable_queue_concurrency",
                  "got '2'", id="slots-string-for-a-consumed-queue"),
     pytest.param(const({"durable_drain_timeout": -1}), "durable_drain_timeout", "got -1", id="drain-negative"),
     pytest.param(const({"durable_safety_interval": NAN}), "durable_safety_interval", "got nan",
@@ -92,12 +105,50 @@ def assert_refused(s: Scenario, worker: WorkerProcess, setting: str, problem: st
         assert s.broker_depth("a") == waiting
 
 
-@pytest.mark.parametrize("conf, setting, problem", REFUSED)
-def test_a_bad_setting_refuses_the_boot_naming_it(scenario, conf, setting, problem):
+def test_a_bad_setting_refuses_the_boot_naming_it(scenario):
+    # The real process for one row of REFUSED (the one whose URL hides a password: Celery's own exit
+    # message repeats the refusal, and neither may show it); the in-process test below checks every row.
+    (conf, setting, problem), = [row.values for row in REFUSED if row.id == "database-url-mysql"]
     s = scenario(["a", "b"])
     s.send("a", "waiting")
-    worker = s.worker(conf=conf(s))
+    worker = s.worker(conf=conf(s.by_name))
     assert_refused(s, worker, setting, problem)
+
+
+@pytest.fixture
+def booted_in_process(caplog: pytest.LogCaptureFixture) -> Callable[..., tuple[str, list[str]]]:
+    """Builds (does not start) a ``-P durable`` worker of an app with ``conf``, as ``celery worker`` does up to
+    ``worker_init``; returns the refusal it exits with and the log lines it wrote."""
+
+    def boot(conf: dict[str, Any], queues: list[str]) -> tuple[str, list[str]]:
+        # memory://: building a worker opens no connection; the refusal comes before any would.
+        app = celery_durable.install(Celery("boot-refusal", broker="memory://", set_as_current=False))
+        app.conf.update(task_default_queue=queues[0], **conf)
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as exited:
+                app.WorkController(pool_cls="durable", queues=queues, concurrency=2, hostname="boot-refusal@test")
+        finally:
+            app.close()
+        # What the CLI prints as one line and exits 1 on: a message, not a chained traceback.
+        assert type(exited.value) is SystemExit and exited.value.__cause__ is None, exited.value
+        assert exited.value.__suppress_context__, "raised `from None`: no traceback of the cause"
+        assert not any(record.exc_info for record in caplog.records), caplog.text
+        return str(exited.value.code), caplog.text.splitlines()
+
+    return boot
+
+
+@pytest.mark.parametrize("conf, setting, problem", REFUSED)
+def test_a_bad_setting_refuses_a_durable_workers_boot_in_one_line_naming_it(booted_in_process, conf, setting,
+                                                                             problem):
+    queues = {"a": "a-boot", "b": "b-boot"}
+    exit_message, log = booted_in_process(conf(queues), list(queues.values()))
+    assert exit_message.startswith("celery_durable: refusing to start: ")
+    assert setting in exit_message and problem in exit_message, exit_message
+    refusals = [line for line in log if "durable.config.invalid" in line]
+    assert len(refusals) == 1 and setting in refusals[0] and problem in refusals[0], log
+    assert "s3cr3t" not in exit_message and "s3cr3t" not in "\n".join(log)
 
 
 def test_a_bad_setting_refuses_the_boot_when_worker_pool_names_the_pool(scenario):
@@ -207,16 +258,20 @@ def test_a_wildcard_metrics_host_is_served_with_one_warning(scenario):
     assert worker.terminate() == 0
 
 
-@pytest.mark.parametrize("removed, named", [
+HOST_INTERNALS_REMOVED = [
     pytest.param("kombu.transport.redis:Channel._q_for_pri", "kombu.transport.redis.Channel._q_for_pri",
                  id="kombu-redis-priority-lists"),
     pytest.param("amqp.channel:Channel._on_get_ok", "amqp.channel.Channel._on_get_ok", id="py-amqp-get-ok"),
     pytest.param("celery.worker.consumer.consumer:Consumer._limit_post_eta",
                  "celery.worker.consumer.consumer.Consumer._limit_post_eta", id="celery-consumer-rate-limit-eta"),
-])
-def test_a_missing_host_internal_refuses_the_boot_in_one_line_naming_it(scenario, monkeypatch, removed, named):
+]
+
+
+def test_a_missing_host_internal_refuses_the_boot_in_one_line_naming_it(scenario, monkeypatch):
     # What a Celery or kombu release that drops an internal would do: refused at boot,
     # by name, not an AttributeError deep in the claim loop once a task arrives.
+    # The real process for the first of HOST_INTERNALS_REMOVED; the in-process test below checks each.
+    (removed, named), = [row.values for row in HOST_INTERNALS_REMOVED if row.id == "kombu-redis-priority-lists"]
     monkeypatch.setenv("E2E_REMOVE_HOST_NAME", removed)
     s = scenario(["a"])
     s.send("a", "waiting")
@@ -229,3 +284,20 @@ def test_a_missing_host_internal_refuses_the_boot_in_one_line_naming_it(scenario
     assert "Traceback" not in log and "AttributeError" not in log, log[-3000:]
     assert " ready." not in log, log[-3000:]
     assert s.broker_depth("a") == 1
+
+
+@pytest.mark.parametrize("removed, named", HOST_INTERNALS_REMOVED)
+def test_a_missing_host_internal_refuses_a_durable_workers_boot_in_one_line_naming_it(booted_in_process,
+                                                                                      monkeypatch, removed, named):
+    # As tests/e2e/hostless_app.py removes it in the real worker's process.
+    module_name, _, path = removed.partition(":")
+    owner_path, _, attribute = path.rpartition(".")
+    owner: object = importlib.import_module(module_name)
+    for part in filter(None, owner_path.split(".")):
+        owner = getattr(owner, part)
+    monkeypatch.delattr(owner, attribute)
+    exit_message, log = booted_in_process({}, ["a-boot"])
+    assert exit_message.startswith("celery_durable: refusing to start: ") and named in exit_message, exit_message
+    refusals = [line for line in log if "durable.host.incompatible" in line]
+    assert len(refusals) == 1 and named in refusals[0], log
+    assert not any("AttributeError" in line for line in log), log
