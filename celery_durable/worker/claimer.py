@@ -124,8 +124,9 @@ class Claimer:
         self._notifying_fetcher = self._fetcher if isinstance(self._fetcher, NotifyingFetcher) else None
         self._ack_carrier = self._fetcher if isinstance(self._fetcher, AckCarrier) else None
         if self._ack_carrier is not None:
-            # A finished run's late ack rides with the pass its freed slot kicks, while passes run.
-            self._ack_carrier.carry_acks(lambda: self.claiming, self.kick)
+            # A finished run's late ack comes a hub round after its result, and the kick its freed
+            # slot made: the pass that kick runs carries it (while claiming; a stop sends it at once).
+            self._ack_carrier.carry_acks(lambda: self._kick_pending and self.claiming)
         self._known_empty = NOTHING_KNOWN
         self._admission.parker = parker_for(self._connection, channel)
         self._may_overdraw = gives_back_in_place(channel)

@@ -24,7 +24,6 @@ from celery_durable.worker.parking import (
     log_parked,
     park_redis_items,
 )
-from celery_durable.worker.task_outcomes import settling_now
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +76,10 @@ class NotifyingFetcher(PassFetcher, Protocol):
 
 @runtime_checkable
 class AckCarrier(PassFetcher, Protocol):
-    """A pass fetcher whose pass can carry the late acks of runs that just finished (one round trip for both)."""
+    """A pass fetcher whose pass can carry the acks made while it was coming (one round trip for both)."""
 
-    def carry_acks(self, may_carry: Callable[[], bool], kick: Callable[[], None]) -> None:
-        """From now on, a late ack made on this thread while ``may_carry()`` waits for the pass ``kick()`` asks for."""
+    def carry_acks(self, pass_coming: Callable[[], bool]) -> None:
+        """From now on, an ack made on this thread while ``pass_coming()`` rides in that pass."""
         ...
 
     def send_acks(self) -> None:
@@ -123,31 +122,28 @@ class RedisFetcher:
         self._pass_script: Any = None
         self._client: Any = None
         self.round_trips = 0
-        #: Tags of finished runs acked in the channel's memory whose Redis half rides with the next pass.
+        #: Tags acked in the channel's memory whose Redis half rides with the pass coming.
         self._acks: list[Any] = []
         self._loop_thread: int | None = None
-        self._may_carry: Callable[[], bool] = lambda: False
-        self._kick: Callable[[], None] = lambda: None
+        self._pass_coming: Callable[[], bool] = lambda: False
 
-    def carry_acks(self, may_carry: Callable[[], bool], kick: Callable[[], None]) -> None:
-        """Let the late ack of a run finishing on this (the loop's) thread ride with the pass its slot kicks.
+    def carry_acks(self, pass_coming: Callable[[], bool]) -> None:
+        """Let an ack made on this (the loop's) thread while ``pass_coming()`` ride in that pass.
 
-        Called on the thread the claim passes run on: only an ack made there
-        waits for one (an executor thread's ack is sent at once, as kombu does).
+        Called on the thread the claim passes run on. Celery runs a late ack
+        there (``Consumer.call_soon_ack``: the hub's next round), after the
+        result callback that freed the run's slot kicked a pass: that pass
+        carries it. An ack on another thread, or with no pass coming, goes to
+        Redis at once, as kombu sends it.
         """
         self._loop_thread = threading.get_ident()
-        self._may_carry = may_carry
-        self._kick = kick
+        self._pass_coming = pass_coming
         redis_acks.defer_acks(self._channel, self._defer_ack)
 
     def _defer_ack(self, tag: Any) -> bool:
-        # Only a finished run's ack (inside the pool's result callback): its run_finished kicks a pass
-        # anyway. An early ack (the run just started) has no pass coming and is sent now.
-        if threading.get_ident() != self._loop_thread or settling_now() is None or not self._may_carry():
+        if threading.get_ident() != self._loop_thread or not self._pass_coming():
             return False
         self._acks.append(tag)
-        # The run's own finish kicks too (coalesced): this one makes sure a pass comes even if it does not.
-        self._kick()
         return True
 
     def send_acks(self) -> None:

@@ -48,12 +48,6 @@ def settling(request: HostRequest) -> Iterator[None]:
         _local.settling = previous
 
 
-def settling_now() -> HostRequest | None:
-    """The request whose result or timeout callback the pool is running on this thread; None outside one."""
-    request: HostRequest | None = getattr(_local, "settling", None)
-    return request
-
-
 def on_prerun(sender: Any = None, task_id: Any = None, **_: Any) -> None:
     # Celery before 5.7 sends task_success without the runtime: measured from here instead.
     _local.started = (task_id, SYSTEM_CLOCK.monotonic())

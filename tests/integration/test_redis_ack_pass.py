@@ -1,4 +1,4 @@
-"""A finished run's late ack rides in the claim pass its freed slot kicks: one Redis round trip for both."""
+"""An ack made while a claim pass is coming (a finished run's late ack) rides in it: one Redis round trip for both."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from kombu import Connection, Exchange, Queue
 
 from celery_durable.compat import redis_claim
 from celery_durable.worker.fetchers import AckCarrier, RedisFetcher
-from celery_durable.worker.task_outcomes import settling
 from tests.services import REDIS_URL, redis_problem, require
 
 
@@ -21,10 +20,10 @@ class Setup:
     def __init__(self, conn: Connection, channel: Any, queue: Queue, own: dict[str, str], held_key: str) -> None:
         self.conn, self.channel, self.queue, self.own, self.held_key = conn, channel, queue, own, held_key
         self.client = redis.Redis.from_url(REDIS_URL)
-        self.kicks: list[str] = []
-        self.carrying = True
+        #: What the claimer answers: a pass is kicked and not run yet.
+        self.pass_coming = True
         self.fetcher = RedisFetcher(channel, ["json"], held_key=held_key)
-        self.fetcher.carry_acks(lambda: self.carrying, lambda: self.kicks.append("kick"))
+        self.fetcher.carry_acks(lambda: self.pass_coming)
 
     def publish(self, *bodies: str) -> None:
         producer = self.conn.Producer()
@@ -69,28 +68,21 @@ def setup() -> Iterator[Setup]:
                   *own.values())
 
 
-def finished_ack(message: Any) -> None:
-    """The late ack as the pool's result callback makes it (worker/pool.py runs the callback inside ``settling``)."""
-    with settling(object()):  # type: ignore[arg-type]
-        message.ack()
-
-
 def test_the_redis_fetcher_carries_acks(setup):
     assert isinstance(setup.fetcher, AckCarrier)
 
 
-def test_a_finished_runs_ack_waits_for_the_next_pass_and_goes_in_its_one_round_trip(setup):
+def test_an_ack_made_while_a_pass_is_coming_goes_in_that_passs_one_round_trip(setup):
     setup.publish("a", "b", "c", "d")
     first, second, third = setup.claim(3)
     tags = {first.delivery_tag, second.delivery_tag, third.delivery_tag}
     assert setup.unacked() == setup.indexed() == setup.held() == tags
 
-    finished_ack(first)
-    finished_ack(second)
-    # Acked in the channel's memory (the message is settled for Celery), not yet in Redis; a pass is asked for.
+    first.ack()
+    second.ack()
+    # Acked in the channel's memory (the message is settled for Celery), not yet in Redis.
     assert first.acknowledged and second.acknowledged
     assert setup.unacked() == tags
-    assert setup.kicks == ["kick", "kick"]
 
     trips = setup.fetcher.round_trips
     (fourth,) = setup.claim(1)
@@ -103,33 +95,30 @@ def test_a_finished_runs_ack_waits_for_the_next_pass_and_goes_in_its_one_round_t
 def test_acks_ride_a_pass_that_claims_nothing(setup):
     setup.publish("a")
     (message,) = setup.claim(1)
-    finished_ack(message)
+    message.ack()
     assert setup.claim(1) == []
     assert setup.unacked() == setup.indexed() == setup.held() == set()
 
 
-@pytest.mark.parametrize("why", ["early ack", "not carrying", "another thread"])
+@pytest.mark.parametrize("why", ["no pass coming", "another thread"])
 def test_an_ack_no_pass_is_coming_for_goes_to_redis_at_once(setup, why):
     setup.publish("a")
     (message,) = setup.claim(1)
-    if why == "early ack":
-        message.ack()  # outside a result callback: the run just started, no pass follows it
-    elif why == "not carrying":
-        setup.carrying = False  # the claimer stopped claiming
-        finished_ack(message)
+    if why == "no pass coming":
+        setup.pass_coming = False  # nothing kicked one (an early ack of a long run), or the claimer stopped
+        message.ack()
     else:
-        thread = threading.Thread(target=finished_ack, args=(message,))
+        thread = threading.Thread(target=message.ack)
         thread.start()
         thread.join()
     assert message.acknowledged
     assert setup.unacked() == setup.indexed() == set()
-    assert setup.kicks == []
 
 
 def test_acks_no_pass_carried_are_sent_on_their_own(setup):
     setup.publish("a", "b")
     first, second = setup.claim(2)
-    finished_ack(first)
+    first.ack()
     trips = setup.fetcher.round_trips
     setup.fetcher.send_acks()
     assert setup.unacked() == setup.indexed() == setup.held() == {second.delivery_tag}
@@ -141,7 +130,7 @@ def test_acks_no_pass_carried_are_sent_on_their_own(setup):
 def test_a_pass_that_failed_leaves_its_acks_to_be_sent_on_their_own(setup, monkeypatch):
     setup.publish("a")
     (message,) = setup.claim(1)
-    finished_ack(message)
+    message.ack()
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise redis.exceptions.ConnectionError("lost")
@@ -159,7 +148,7 @@ def test_a_channel_closed_before_the_pass_does_not_put_an_acked_message_back(set
     not held there any more, so the finished run's message is not queued again."""
     setup.publish("a", "b")
     first, second = setup.claim(2)
-    finished_ack(first)
+    first.ack()
     setup.channel.close()
     assert setup.waiting() == 1  # the unacked one went back; the acked one did not
     assert first.delivery_tag in setup.unacked()  # its record waits for send_acks (the claimer's stop)

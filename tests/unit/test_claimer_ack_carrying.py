@@ -20,8 +20,7 @@ class CarryingFetcher:
     def __init__(self) -> None:
         self.round_trips = 0
         self.calls: list[str] = []
-        self.may_carry: Callable[[], bool] = lambda: False
-        self.kick: Callable[[], None] = lambda: None
+        self.pass_coming: Callable[[], bool] = lambda: False
 
     def fetch(self, queue: Any, count: int, keep_going: Callable[[], bool]) -> Iterator[Any]:
         return iter(())
@@ -30,9 +29,9 @@ class CarryingFetcher:
         self.calls.append("pass")
         return []
 
-    def carry_acks(self, may_carry: Callable[[], bool], kick: Callable[[], None]) -> None:
+    def carry_acks(self, pass_coming: Callable[[], bool]) -> None:
         self.calls.append("carry")
-        self.may_carry, self.kick = may_carry, kick
+        self.pass_coming = pass_coming
 
     def send_acks(self) -> None:
         self.calls.append("send")
@@ -52,25 +51,28 @@ def claimer() -> Iterator[tuple[Claimer, CarryingFetcher, list[Callable[[], None
         made.close()
 
 
-def test_a_started_claimer_lets_acks_ride_while_it_claims_and_sends_what_a_pass_left(claimer):
+def test_acks_ride_only_while_a_kicked_pass_is_coming_and_what_it_left_goes_right_after(claimer):
     made, fetcher, scheduled, _ = claimer
     made.start()
-    # The first pass runs in start: acks ride it, and whatever it did not carry goes right after.
+    # The first pass runs in start; whatever it did not carry goes right after it.
     assert fetcher.calls == ["carry", "pass", "send"]
-    assert fetcher.may_carry()
-    fetcher.kick()  # an ack asking for a pass
+    assert not fetcher.pass_coming()  # no pass kicked: an ack now goes at once
+    made.kick()  # a run finished
+    assert fetcher.pass_coming()
     assert len(scheduled) == 1
     scheduled.pop()()
     assert fetcher.calls[3:] == ["pass", "send"]
+    assert not fetcher.pass_coming()
 
 
 def test_a_pass_that_does_not_claim_still_sends_the_acks_waiting_for_it(claimer):
     made, fetcher, scheduled, stopping = claimer
     made.start()
     fetcher.calls.clear()
+    made.kick()
     stopping["requested"] = True  # a SIGTERM: passes claim nothing from now on
-    assert not fetcher.may_carry()
-    made.run_pass()
+    assert not fetcher.pass_coming()
+    scheduled.pop()()
     assert fetcher.calls == ["send"]
 
 
@@ -78,6 +80,7 @@ def test_a_stop_sends_the_acks_waiting_for_a_pass_that_will_not_come(claimer):
     made, fetcher, _, _ = claimer
     made.start()
     fetcher.calls.clear()
+    made.kick()
     made.stop()
     assert fetcher.calls == ["send"]
-    assert not fetcher.may_carry()
+    assert not fetcher.pass_coming()
