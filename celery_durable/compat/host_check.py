@@ -70,6 +70,7 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
              "Channel._q_for_pri", "Channel.priority_steps", "Channel.priority",
              "QoS.unacked_key", "QoS.unacked_index_key", "QoS.restore_visible"),
     *_points("compat.redis_claim", "kombu.transport.virtual", "QoS.append"),
+    *_points("compat.redis_acks", "kombu.transport.virtual", "Channel.basic_ack", "QoS.ack"),
     *_points("compat.kombu_publish", "kombu.transport.redis", "Channel._inplace_augment_message"),
     *_points("compat.redis_claim", "kombu.transport.redis", "Channel.unacked_restore_limit"),
     *_points("compat.redis_channel", "kombu.transport.redis", "Channel.visibility_timeout",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -111,7 +112,11 @@ def restore_expired(channel: Any) -> None:
 # ARGV: now, room (-1: no process cap), sep, parked suffix, then as JSON arrays
 # the priority steps, the queue names and their free slots (three strings: a
 # pass over hundreds of queues encodes in microseconds, not one argument each),
-# then the global_keyprefix the script puts before every list it names.
+# then the global_keyprefix the script puts before every list it names, then
+# as a JSON array the tags of finished runs whose ack rides with this pass
+# (compat/redis_acks.py): removed from the unacked index, hash and held set
+# before any pop, as kombu's QoS.ack writes it, so the ack and the claim its
+# freed slot makes cost one round trip.
 # Returns {asks, parked}: each ask that took items {queue number, count, items,
 # tags} (an ask that took none changes nothing the planner tracks but its place,
 # so it is left out: a pass over 200 mostly empty queues answers in a few bytes),
@@ -127,6 +132,12 @@ local nsteps = #steps
 local names = cjson.decode(ARGV[6])
 local free = cjson.decode(ARGV[7])
 local prefix = ARGV[8]
+local acks = cjson.decode(ARGV[9])
+for i = 1, #acks do
+  redis.call('ZREM', KEYS[1], acks[i])
+  redis.call('HDEL', KEYS[2], acks[i])
+  if KEYS[3] then redis.call('ZREM', KEYS[3], acks[i]) end
+end
 local order = {}
 for q = 1, #names do order[q] = q end
 local function list_for(q, step)
@@ -263,8 +274,9 @@ ClaimedAsk = tuple[str, int, list[Any], list[Any]]
 
 def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked_suffix: str,
                free: list[int], room: int | None, now: float,
-               held_key: str | None = None) -> tuple[list[ClaimedAsk], list[tuple[str, Any]]]:
-    """One script call for a whole pass over ``queues`` (in the pass's order).
+               held_key: str | None = None,
+               acks: Sequence[Any] = ()) -> tuple[list[ClaimedAsk], list[tuple[str, Any]]]:
+    """One script call for a whole pass over ``queues`` (in the pass's order), first acking ``acks``.
 
     Returns the asks that took items, each ``(queue, count, items, tags)``, and the
     items it parked (on ``queue + parked_suffix``), each ``(queue, item)``.
@@ -279,7 +291,7 @@ def claim_pass(channel: Any, client: Any, script: Any, queues: list[str], parked
         keys.append(held_key)
     steps = [channel.priority(step) for step in channel.priority_steps]
     args = [repr(now), -1 if room is None else room, channel.sep, parked_suffix,
-            json.dumps(steps), json.dumps(queues), json.dumps(free), prefix]
+            json.dumps(steps), json.dumps(queues), json.dumps(free), prefix, json.dumps(list(acks))]
     asks, parked_items = script(keys=keys, args=args, client=unprefixed(client))
     refresh_expiry = getattr(channel, "_maybe_update_queues_expire", None)
     taken = []

@@ -27,6 +27,7 @@ from celery_durable.planning.push_turn import push_queue
 from celery_durable.worker.admission import Admitter
 from celery_durable.worker.claim_stats import ClaimStats
 from celery_durable.worker.fetchers import (
+    AckCarrier,
     Fetcher,
     NotifyingFetcher,
     PassFetcher,
@@ -89,6 +90,7 @@ class Claimer:
         self._fetcher: Fetcher | None = None
         self._pass_fetcher: PassFetcher | None = None
         self._notifying_fetcher: NotifyingFetcher | None = None
+        self._ack_carrier: AckCarrier | None = None
         #: Queues a pass may leave out (planning/known_empty.py); only with a broker that notifies.
         self._known_empty: KnownEmpty = NOTHING_KNOWN
         # The last pass's consumed queues and order (``_consumed_order``).
@@ -126,6 +128,11 @@ class Claimer:
         fetcher = self._fetcher
         self._prober = QueueProber(fetcher, self._clock) if isinstance(fetcher, ProbingFetcher) else None
         self._notifying_fetcher = self._fetcher if isinstance(self._fetcher, NotifyingFetcher) else None
+        self._ack_carrier = self._fetcher if isinstance(self._fetcher, AckCarrier) else None
+        if self._ack_carrier is not None:
+            # A finished run's late ack comes a hub round after its result, and the kick its freed
+            # slot made: the pass that kick runs carries it (while claiming; a stop sends it at once).
+            self._ack_carrier.carry_acks(lambda: self._kick_pending and self.claiming)
         self._known_empty = NOTHING_KNOWN
         self._admission.parker = parker_for(self._connection, channel)
         self._may_overdraw = gives_back_in_place(channel)
@@ -143,10 +150,16 @@ class Claimer:
     def stop(self) -> None:
         """Stop claiming now: a pass checks this between two asks."""
         self.running = False
+        self._send_acks()
         if self._idle is not None:
             self._idle.cancel()
         if self._push is not None:
             self._push.stop()
+
+    def _send_acks(self) -> None:
+        """The acks waiting for a pass that did not carry them (it did not run, or did not claim) go now."""
+        if self._ack_carrier is not None:
+            self._ack_carrier.send_acks()
 
     def close(self) -> None:
         self.stop()
@@ -204,6 +217,7 @@ class Claimer:
         try:
             return self._claim()
         finally:
+            self._send_acks()
             if self._gate is not None:
                 # The leases of runs that ended go back with the pass's take (one round
                 # trip); the ones no take carried (a pass with no limited message) now.

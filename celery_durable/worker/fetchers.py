@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from time import time
@@ -9,7 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from kombu.serialization import prepare_accept_content
 
-from celery_durable.compat import redis_claim
+from celery_durable.compat import redis_acks, redis_claim
 from celery_durable.compat.amqp import pipelined_gets, pipelined_ready_counts, supports_pipelined_gets
 from celery_durable.compat.host_types import HostChannel, HostMessage, RedisChannel
 from celery_durable.compat.redis_channel import channel_client, channel_qos, is_redis
@@ -22,6 +24,8 @@ from celery_durable.worker.parking import (
     log_parked,
     park_redis_items,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class Fetcher(Protocol):
@@ -74,6 +78,19 @@ class NotifyingFetcher(PassFetcher, Protocol):
         ...
 
 
+@runtime_checkable
+class AckCarrier(PassFetcher, Protocol):
+    """A pass fetcher whose pass can carry the acks made while it was coming (one round trip for both)."""
+
+    def carry_acks(self, pass_coming: Callable[[], bool]) -> None:
+        """From now on, an ack made on this thread while ``pass_coming()`` rides in that pass."""
+        ...
+
+    def send_acks(self) -> None:
+        """Send at once, on their own, the acks no pass carried."""
+        ...
+
+
 class GetFetcher:
     """Any kombu transport: one ``basic_get`` per message (AMQP, the SQLAlchemy broker)."""
 
@@ -109,6 +126,42 @@ class RedisFetcher:
         self._pass_script: Any = None
         self._client: Any = None
         self.round_trips = 0
+        #: Tags acked in the channel's memory whose Redis half rides with the pass coming.
+        self._acks: list[Any] = []
+        self._loop_thread: int | None = None
+        self._pass_coming: Callable[[], bool] = lambda: False
+
+    def carry_acks(self, pass_coming: Callable[[], bool]) -> None:
+        """Let an ack made on this (the loop's) thread while ``pass_coming()`` ride in that pass.
+
+        Called on the thread the claim passes run on. Celery runs a late ack
+        there (``Consumer.call_soon_ack``: the hub's next round), after the
+        result callback that freed the run's slot kicked a pass: that pass
+        carries it. An ack on another thread, or with no pass coming, goes to
+        Redis at once, as kombu sends it.
+        """
+        self._loop_thread = threading.get_ident()
+        self._pass_coming = pass_coming
+        redis_acks.defer_acks(self._channel, self._defer_ack)
+
+    def _defer_ack(self, tag: Any) -> bool:
+        if threading.get_ident() != self._loop_thread or not self._pass_coming():
+            return False
+        self._acks.append(tag)
+        return True
+
+    def send_acks(self) -> None:
+        if not self._acks:
+            return
+        tags, self._acks = self._acks, []
+        try:
+            redis_acks.send_acks(self._channel, self._redis(), tags, self._held_key)
+        except Exception as exc:
+            # Any error, not only a connection error: this runs in the claimer's stop, and a channel closed
+            # under it raises AttributeError (kombu). As a late ack on a lost connection today, the records
+            # stay, and the run's copy is a duplicate the run's lease (or settled state) makes a no-op.
+            logger.warning("durable.redis.ack_failed acks=%d error=%s", len(tags), exc, exc_info=True,
+                           extra={"event": "durable.redis.ack_failed", "acks": len(tags), "error": repr(exc)})
 
     def _redis(self) -> Any:
         """A client on the channel's connection pool, made once: making one per pass cost ~5 % of a pass."""
@@ -138,8 +191,13 @@ class RedisFetcher:
         if self._pass_script is None:
             self._pass_script = redis_claim.register_pass(client)
         self.round_trips += 1
-        asks, parked = redis_claim.claim_pass(channel, client, self._pass_script, queues, PARKED_SUFFIX,
-                                              [free[q] for q in queues], room, time(), self._held_key)
+        acks, self._acks = self._acks, []
+        try:
+            asks, parked = redis_claim.claim_pass(channel, client, self._pass_script, queues, PARKED_SUFFIX,
+                                                  [free[q] for q in queues], room, time(), self._held_key, acks)
+        except BaseException:
+            self._acks = acks + self._acks  # not carried: send_acks tries them on their own
+            raise
         for queue, raw in parked:
             log_parked(queue, raw, "not a kombu message: not JSON, or no properties, "
                        "string delivery_tag or delivery_info")
