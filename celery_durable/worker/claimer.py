@@ -157,8 +157,7 @@ class Claimer:
             self._push.stop()
 
     def _send_acks(self) -> None:
-        """The acks waiting for a pass that did not carry them (it did not run, or did not claim) go now."""
-        if self._ack_carrier is not None:
+        if self._ack_carrier is not None:  # the acks no pass carried (none ran, or it failed) go now
             self._ack_carrier.send_acks()
 
     def close(self) -> None:
