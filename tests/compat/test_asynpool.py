@@ -31,6 +31,15 @@ class RecordingPool(ReapingAsynPool):
         super()._event_process_exit(hub, proc)
 
 
+def _terminate(pool: Any, hub: Hub) -> None:
+    """Kill the pool's live children, then terminate it: dead children make its terminate short (it joins each)."""
+    for proc in list(pool._pool):
+        if proc.exitcode is None:
+            os.kill(proc.pid, signal.SIGKILL)
+    pool.terminate()
+    hub.close()
+
+
 @pytest.fixture(scope="module")
 def pool_on_hub() -> Iterator[tuple[RecordingPool, Hub]]:
     """A one-child prefork pool registered with an event loop, as Celery's prefork TaskPool runs it.
@@ -44,12 +53,7 @@ def pool_on_hub() -> Iterator[tuple[RecordingPool, Hub]]:
         pool.register_with_event_loop(hub)
         yield pool, hub
     finally:
-        for proc in list(pool._pool):
-            # Dead children make the pool's terminate short (it joins each child).
-            if proc.exitcode is None:
-                os.kill(proc.pid, signal.SIGKILL)
-        pool.terminate()
-        hub.close()
+        _terminate(pool, hub)
 
 
 def test_asynpool_event_process_exit_takes_hub_and_proc() -> None:
@@ -127,8 +131,4 @@ def test_a_job_written_to_a_child_before_its_ack_is_read_survives_flush_and_its_
         assert results == ["done"]
         assert time.monotonic() - began < JOINED_WITHIN
     finally:
-        for proc in list(pool._pool):
-            if proc.exitcode is None:
-                os.kill(proc.pid, signal.SIGKILL)
-        pool.terminate()
-        hub.close()
+        _terminate(pool, hub)
