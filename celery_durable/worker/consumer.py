@@ -85,10 +85,11 @@ class DurableConsumer(ConsumerHooks):
             accept=self.app.conf.accept_content,
             schedule=self._loop_kicks(hub),
             hub=hub,
-            # Push pays where the broker's unacked count follows the slots (worker/push_consumer.py), and
-            # under prefork only: with threads the loop thread also writes every ack and admits every delivery,
-            # and push measured 0.88-0.97x the pipelined gets (benchmarks/CLAIM_RESULTS.md, issue 28).
-            push=bool(self.app.conf.task_acks_late) and self.durable_config.execution == "prefork",
+            # Push pays where the broker's unacked count follows the slots (worker/push_consumer.py), under
+            # both executions: a pass blocks the loop for a round trip and passes run one after another, so a
+            # slot that frees during one waits for the next; pushed credit refills each slot a round trip after
+            # its ack. Threads -c8 acks_late no-ops: 1.5x the pipelined gets (benchmarks/CLAIM_RESULTS.md).
+            push=bool(self.app.conf.task_acks_late),
         )
         if hub is not None:
             for interval, fn in self.runtime.timers:

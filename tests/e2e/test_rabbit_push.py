@@ -1,6 +1,8 @@
 """RabbitMQ, one open queue: the broker pushes with a credit of the worker's room, never buffering beyond it.
 
 Push is on where tasks ack late (worker/push_consumer.py says why): these workers set ``task_acks_late``.
+Prefork and thread execution both push: under threads the run's late ack is written by the loop thread
+after the pool thread gave its slot back, which the credit counts for (worker/push_consumer.py).
 """
 
 from __future__ import annotations
@@ -11,12 +13,16 @@ from tests.e2e.harness import wait_for
 
 pytestmark = pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
 
+EXECUTIONS = pytest.mark.parametrize("execution", ["prefork", "threads"])
 
-def test_one_queue_is_pushed_and_the_broker_keeps_all_but_the_room(scenario):
+
+@EXECUTIONS
+def test_one_queue_is_pushed_and_the_broker_keeps_all_but_the_room(scenario, execution):
     s = scenario(["work"])
     for i in range(12):
         s.send_waiting("work", f"w{i}")
-    worker = s.worker(conf={"durable_max_in_flight": 3, "task_acks_late": True}, concurrency=3).wait_ready()
+    worker = s.worker(conf={"durable_max_in_flight": 3, "task_acks_late": True, "durable_execution": execution},
+                      concurrency=3).wait_ready()
     queue = s.by_name["work"]
     stats = worker.wait_durable(lambda d: d["claim_pushing"] == queue and d["claimed_by_push"] >= 3,
                                 timeout=20, what="the queue to be pushed")
@@ -96,11 +102,13 @@ def test_early_acks_keep_the_rotated_basic_get(scenario):
     assert worker.terminate() == 0
 
 
-def test_acks_late_warm_shutdown_gives_back_nothing_twice(scenario):
+@EXECUTIONS
+def test_acks_late_warm_shutdown_gives_back_nothing_twice(scenario, execution):
     s = scenario(["work"])
     for i in range(10):
         s.send_waiting("work", f"w{i}")
-    worker = s.worker(conf={"durable_max_in_flight": 2, "task_acks_late": True}, concurrency=2).wait_ready()
+    worker = s.worker(conf={"durable_max_in_flight": 2, "task_acks_late": True, "durable_execution": execution},
+                      concurrency=2).wait_ready()
     wait_for(lambda: len(s.started()) == 2, timeout=20, what="2 runs to start")
     worker.process.send_signal(15)  # SIGTERM: a warm shutdown; the two runs finish, nothing more is taken
     wait_for(lambda: "durable.drain.started" in worker.log(), timeout=20, what="the drain to begin")
