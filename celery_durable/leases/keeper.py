@@ -42,6 +42,8 @@ class LeaseKeeper:
         self._beats: dict[str, tuple[Callable[[], Any], float]] = {}
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        #: When the thread beats next (monotonic); None while it waits for a first hold (or is starting).
+        self._next_due: float | None = None
 
     def hold(self, url: str, run_id: str, token: str, ttl: float) -> None:
         with self._cond:
@@ -75,8 +77,13 @@ class LeaseKeeper:
 
     def _start(self) -> None:
         if self._thread is None or not self._thread.is_alive():
+            self._next_due = None
             self._thread = threading.Thread(target=self._run, name="durable-lease-keeper", daemon=True)
             self._thread.start()
+        elif self._next_due is not None:
+            # Its next beat is set and renews whatever is held then: waking the thread on every
+            # run's hold (a thread switch a run, about a quarter of a short run's time) changed nothing.
+            return
         self._cond.notify()
 
     def release(self, url: str, run_id: str) -> None:
@@ -106,16 +113,16 @@ class LeaseKeeper:
             with self._cond:
                 interval = self._interval()
                 if interval is None:
-                    next_due = None
+                    next_due = self._next_due = None
                     self._cond.wait()
                     continue
                 at = monotonic()
                 if next_due is None:
-                    next_due = at + interval
+                    next_due = self._next_due = at + interval
                 if at < next_due:
                     self._cond.wait(timeout=next_due - at)
                     continue
-                next_due = at + interval
+                next_due = self._next_due = at + interval
                 snapshot = {url: dict(leases) for url, leases in self._held.items()}
                 limit_snapshot = {url: dict(holders) for url, holders in self._limit_holders.items()}
                 beats = list(self._beats.values())

@@ -24,6 +24,7 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy.engine import Connection, Engine
 
 from celery_durable.clock import SYSTEM_CLOCK, Clock
+from celery_durable.store.urls import rendered
 
 #: Seconds a reading of the database's clock is carried forward before it is read again.
 RESAMPLE_AFTER = 10.0
@@ -83,7 +84,7 @@ def engine_now(engine: Engine, clock: Clock = SYSTEM_CLOCK) -> datetime:
 
 
 def _key(engine: Engine) -> str:
-    return engine.url.render_as_string(hide_password=True)
+    return rendered(engine.url, hide_password=True)
 
 
 def _fresh(engine: Engine, clock: Clock) -> _Reading | None:

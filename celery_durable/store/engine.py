@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 from celery_durable.errors import SchemaOutdated, StoreUnavailable
 from celery_durable.store.schema import HEAD_REVISION, VERSION_TABLE
 from celery_durable.store.unreachable import CONNECTION_ERRORS
-from celery_durable.store.urls import broker_database, shown_url
+from celery_durable.store.urls import broker_database, rendered, shown_url
 
 #: Where the store lives when ``durable_database_url`` is not set: a file in the working directory.
 DEFAULT_URL = "sqlite:///durable.sqlite"
@@ -30,12 +30,10 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # Keyed by pid: a prefork child inherits its parent's dict, and must not use
 # the sockets (or SQLite handles) the parent opened.
 _engines: dict[tuple[int, str], Engine] = {}
-#: PostgreSQL engines whose connections are in autocommit from the start (see ``autocommit``).
+#: Engines whose connections are in autocommit from the start (see ``autocommit``).
 _autocommit_engines: dict[tuple[int, str], Engine] = {}
 #: PostgreSQL engines in autocommit whose commits do not wait for the WAL flush (see ``lazy_commit``).
 _lazy_engines: dict[tuple[int, str], Engine] = {}
-#: SQLite engines in autocommit: views of the plain engine's pool (making one per use cost ~0.1 ms a run).
-_autocommit_views: dict[tuple[int, str], tuple[Engine, Engine]] = {}
 _checked: set[tuple[int, str]] = set()
 _lock = threading.Lock()
 
@@ -100,9 +98,13 @@ def store_exists(url: str) -> bool:
     return Path(parsed.database).exists()
 
 
-def _sqlite_engine(url: str) -> Engine:
+def _sqlite_engine(url: str, *, autocommit: bool = False) -> Engine:
+    # autocommit: set once per connection, at connect. An isolation level set per checkout is reset
+    # on each return by SQLite's PRAGMA read_uncommitted, which expires every statement the
+    # connection had prepared: each run compiled its five statements again (~0.5 ms a run).
+    isolation = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
     engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
-                                                 "check_same_thread": False})
+                                                 "check_same_thread": False}, **isolation)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -119,6 +121,9 @@ def _sqlite_engine(url: str) -> Engine:
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
+
+    if autocommit:
+        return engine
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
@@ -164,24 +169,26 @@ def engine_for(url: str | None) -> Engine:
 def autocommit(engine: Engine) -> Engine:
     """An engine whose every statement is its own transaction: a checkpoint INSERT is one round trip.
 
-    PostgreSQL: a pool of its own whose connections are in autocommit from the
-    start (the same pool switched per checkout would set and reset the
-    isolation level on every use). SQLite: the same pool, no BEGIN IMMEDIATE.
+    A pool of its own whose connections are in autocommit from the start: the
+    same pool switched per checkout would set and reset the isolation level on
+    every use (on SQLite that reset expires the connection's prepared statements).
+    An in-memory SQLite database is one per connection: there, the same pool.
     """
-    url = engine.url.render_as_string(hide_password=False)
+    if engine.dialect.name == "sqlite" and engine.url.database in (None, "", ":memory:"):
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+    url = rendered(engine.url)
     key = (os.getpid(), url)
-    if engine.dialect.name == "sqlite":
-        made = _autocommit_views.get(key)
-        if made is None or made[0] is not engine:  # another engine for the same file: a view of its own pool
-            made = _autocommit_views[key] = (engine, engine.execution_options(isolation_level="AUTOCOMMIT"))
-        return made[1]
     found = _autocommit_engines.get(key)
     if found is None:
         with _lock:
             found = _autocommit_engines.get(key)
             if found is None:
-                found = _autocommit_engines[key] = sa.create_engine(
-                    url, isolation_level="AUTOCOMMIT", pool_pre_ping=False, connect_args=network_timeouts(url))
+                if engine.dialect.name == "sqlite":
+                    found = _sqlite_engine(url, autocommit=True)
+                else:
+                    found = sa.create_engine(url, isolation_level="AUTOCOMMIT", pool_pre_ping=False,
+                                             connect_args=network_timeouts(url))
+                _autocommit_engines[key] = found
                 _share_disconnects(engine, found)
     return found
 
@@ -197,7 +204,7 @@ def lazy_commit(engine: Engine) -> Engine:
     RabbitMQ keeps in memory only). Never for a persistent publish or a
     checkpoint. Waiting for the flush is most of a one-row DELETE's cost.
     """
-    url = engine.url.render_as_string(hide_password=False)
+    url = rendered(engine.url)
     key = (os.getpid(), url)
     found = _lazy_engines.get(key)
     if found is None:
@@ -239,8 +246,6 @@ def _share_disconnects(one: Engine, other: Engine) -> None:
 def dispose_all() -> None:
     """Close this process's engines (tests, and a benchmark between databases)."""
     with _lock:
-        for key in [key for key in _autocommit_views if key[0] == os.getpid()]:
-            del _autocommit_views[key]  # its pool is the plain engine's, disposed below
         for made in (_autocommit_engines, _lazy_engines):
             for key, engine in list(made.items()):
                 if key[0] == os.getpid():

@@ -72,6 +72,8 @@ def to_json(what: str, value: Any) -> str:
         raise NotJSON(f"{what} must be JSON (str, int, float, bool, None, list, dict with str keys, or "
                       f"what Celery's JSON carries: datetime, date, time, Decimal, UUID, bytes): "
                       f"{detail}") from None
+    if type(value) in _DECODE_TO_THEMSELVES:
+        return encoded
     try:
         decoded = from_json(encoded)
     except ValueError:
@@ -84,6 +86,10 @@ def to_json(what: str, value: Any) -> str:
 
 
 _UNDECODABLE = object()
+
+#: Exactly these types (not a subclass: an IntEnum comes back a plain int) decode to an equal value of
+#: the same type once encoded (a float only finite, and the encode refuses the rest): no decode to check.
+_DECODE_TO_THEMSELVES = frozenset({str, int, float, bool, type(None)})
 
 
 def _dumps(value: Any) -> str:

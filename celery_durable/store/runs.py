@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 
 from celery_durable.store.attempt_sql import attempt_binds, begin_attempt_sql, typed_attempt_binds
 from celery_durable.store.clock import store_now
+from celery_durable.store.driver_sql import DriverStatement
 from celery_durable.store.schema import (
     CANCELLED,
     DEAD,
@@ -77,15 +78,18 @@ def render_error(exc: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 15] + "... [truncated]"
 
 
-_BEGIN_ATTEMPT = typed_attempt_binds(sa.text(f"{begin_attempt_sql()} RETURNING {', '.join(c.name for c in runs.c)}"))\
-    .columns(*runs.c)
+_BEGIN_ATTEMPT = DriverStatement(typed_attempt_binds(
+    sa.text(f"{begin_attempt_sql()} RETURNING {', '.join(c.name for c in runs.c)}")), columns=tuple(runs.c))
 
 
 def _settle_statement() -> sa.Update:
     # Built once: building the UPDATE and its cache key per call cost ~0.25 ms a run. The holder is
     # compared with IS NOT DISTINCT FROM (SQLite: IS): a run buried without a holder has NULL there.
+    # The settled states are written into the text (as in begin_attempt_sql): a list of binds is an
+    # expanding IN, rendered again on every execution (~20 µs a run).
+    settled: list[sa.ColumnElement[str]] = [sa.literal_column(f"'{state}'") for state in sorted(SETTLED)]
     return sa.update(runs).where(
-        runs.c.id == sa.bindparam("run_id", type_=runs.c.id.type), runs.c.state.not_in(sorted(SETTLED)),
+        runs.c.id == sa.bindparam("run_id", type_=runs.c.id.type), runs.c.state.not_in(settled),
         runs.c.lease_holder.is_not_distinct_from(sa.bindparam("holder", type_=runs.c.lease_holder.type)),
     ).values(
         state=sa.bindparam("new_state", type_=runs.c.state.type),
@@ -99,7 +103,7 @@ def _settle_statement() -> sa.Update:
     )
 
 
-_SETTLE = _settle_statement()
+_SETTLE = DriverStatement(_settle_statement())
 
 def _require_supported(conn: Connection) -> None:
     if conn.dialect.name not in SUPPORTED_BACKENDS:
@@ -118,11 +122,11 @@ def begin_attempt(conn: Connection, *, run_id: str, task_name: str, queue: str |
     """
     _require_supported(conn)
     at = store_now(conn)
-    row = conn.execute(_BEGIN_ATTEMPT, attempt_binds(
+    rows = _BEGIN_ATTEMPT.rows(conn, attempt_binds(
         run_id=run_id, task_name=task_name, queue=queue, args=args, kwargs=kwargs, token=token, at=at,
-        lease_seconds=lease_seconds, resume=resume, retries=retries)).one_or_none()
-    if row is not None:
-        return Run(**row._mapping), True
+        lease_seconds=lease_seconds, resume=resume, retries=retries))
+    if rows:  # the primary key's upsert: one row at most
+        return Run(**rows[0]), True
     found = get(conn, run_id)
     if found is None:  # deleted between the two statements: run it as new next time
         raise RuntimeError(f"run {run_id} vanished while starting")
@@ -224,7 +228,7 @@ def settle(conn: Connection, run: Run, state: str, *, result: str | None = None,
                               "settled_by": run.lease_holder if state in SETTLED else None}
     if error is not None:
         values["last_error"] = error
-    written = conn.execute(_SETTLE, {"run_id": run.id, "holder": run.lease_holder, "new_state": state,
+    written = _SETTLE.execute(conn, {"run_id": run.id, "holder": run.lease_holder, "new_state": state,
                                      "new_result": result, "at": at, "finished": values["finished_at"],
                                      "settler": values["settled_by"], "error": error})
     if written.rowcount != 1:

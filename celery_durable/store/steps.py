@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.planning.checkpoints import StepKey
+from celery_durable.store.driver_sql import DriverStatement
 from celery_durable.store.schema import runs, steps
 
 
@@ -37,6 +40,7 @@ def _fenced_insert_statement() -> sa.Insert:
 
 
 _FENCED_INSERT = _fenced_insert_statement()
+_FENCED_INSERT_DRIVER = DriverStatement(_FENCED_INSERT)
 
 
 def load(conn: Connection, run_id: str) -> dict[StepKey, str]:
@@ -52,7 +56,15 @@ def insert(conn: Connection, run_id: str, key: StepKey, encoded: str, token: str
 
     One statement: on an autocommit connection, one round trip.
     """
-    written = conn.execute(_FENCED_INSERT, {"run_id": run_id, "name": key.name, "occurrence": key.occurrence,
-                                            "result": encoded, "created_at": SYSTEM_CLOCK.now(),
-                                            "token": token})
-    return bool(written.rowcount == 1)
+    return bool(_FENCED_INSERT_DRIVER.execute(conn, _insert_binds(run_id, key, encoded, token)).rowcount == 1)
+
+
+def insert_in(tx: Connection, run_id: str, key: StepKey, encoded: str, token: str) -> bool:
+    """:func:`insert` in the caller's transaction (a transactional step's), through ``Connection.execute``:
+    the transaction's ``before_execute`` hooks see it, as they see the step's own statements."""
+    return bool(tx.execute(_FENCED_INSERT, _insert_binds(run_id, key, encoded, token)).rowcount == 1)
+
+
+def _insert_binds(run_id: str, key: StepKey, encoded: str, token: str) -> dict[str, Any]:
+    return {"run_id": run_id, "name": key.name, "occurrence": key.occurrence, "result": encoded,
+            "created_at": SYSTEM_CLOCK.now(), "token": token}

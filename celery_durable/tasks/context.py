@@ -58,7 +58,7 @@ class RunContext:
                 value = fn(tx, *args, **kwargs)
                 # Checked inside the transaction: a result we refuse rolls fn's effects back.
                 encoded = to_json(what, value)
-                if not steps.insert(tx, self.run.id, key, encoded, self.token):
+                if not steps.insert_in(tx, self.run.id, key, encoded, self.token):
                     # Raised inside the transaction: fn's effects roll back with the refused checkpoint.
                     raise LeaseLost(self.run.id, str(name))
                 self.faults.reach(BEFORE_COMMIT)

@@ -20,7 +20,7 @@ from kombu import Connection, Exchange, Queue
 from celery_durable.broker import register, rows, sqlite_rows
 from celery_durable.broker.sqlite_backend import SQLITE_POLLING_INTERVAL, SqliteRows
 from celery_durable.compat.virtual_rows import DELAY_HEADER
-from celery_durable.store.engine import ensure_schema
+from celery_durable.store.engine import autocommit, ensure_schema
 
 TTL = 1.5
 
@@ -140,7 +140,8 @@ def test_a_lapsed_lease_hands_the_row_out_again_counting_a_lapse_and_a_renewed_o
 def test_a_poll_that_finds_nothing_takes_no_write_lock(db_url: str) -> None:
     engine = ensure_schema(db_url)
     statements: list[str] = []
-    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    for pool in (engine, autocommit(engine)):  # autocommit statements run on a pool of their own
+        sa.event.listen(pool, "before_cursor_execute", lambda *a: statements.append(a[2]))
     assert sqlite_rows.claim(engine, "q", 10, "h", 30) == []
     assert sqlite_rows.claim_pass(engine, ["a", "b", "c"], [4, 4, 4], 8, "h", 30) == []
     assert statements and all(s.lstrip().startswith("SELECT") for s in statements)
@@ -189,7 +190,7 @@ def test_two_processes_claiming_one_queue_never_share_a_row(db_url: str) -> None
     script = textwrap.dedent("""
         import sys
         from celery_durable.broker import sqlite_rows
-        from celery_durable.store.engine import ensure_schema
+        from celery_durable.store.engine import autocommit, ensure_schema
         engine = ensure_schema(sys.argv[1])
         taken = []
         while True:
@@ -278,7 +279,8 @@ def test_a_whole_pass_is_one_write_transaction_that_asks_as_the_pure_sweep_plans
     _insert(db_url, [_outgoing(q, f"{q}{i}") for i in range(max(ready.values())) for q in ready if i < ready[q]])
     engine = ensure_schema(db_url)
     statements: list[str] = []
-    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    for pool in (engine, autocommit(engine)):
+        sa.event.listen(pool, "before_cursor_execute", lambda *a: statements.append(a[2]))
     queues = list(ready)
     asks = sqlite_rows.claim_pass(engine, queues, [free[q] for q in queues], room, "h", 30)
     assert sum(s.startswith("BEGIN") for s in statements) <= 1

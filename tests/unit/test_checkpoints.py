@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import pickle
 import uuid
 from decimal import Decimal
@@ -242,3 +243,25 @@ def test_calling_a_durable_task_directly_is_refused():
 
     with pytest.raises(NotDurable, match=r"\.delay\(\)"):
         plain(1)
+
+
+class _Colour(enum.IntEnum):
+    RED = 1
+
+
+class _Tag(str):
+    pass
+
+
+@pytest.mark.parametrize("value", [_Colour.RED, _Tag("t"), float("inf"), float("nan")], ids=repr)
+def test_a_scalar_that_would_not_come_back_as_it_was_is_refused_without_a_decode_to_catch_it(value):
+    # Plain scalars skip the decode check; a subclass must not ride that shortcut (it comes back
+    # as the plain type), and a non-finite float is refused by the encode itself.
+    with pytest.raises(NotJSON, match="step 'x'"):
+        to_json("the result of step 'x'", value)
+
+
+@pytest.mark.parametrize("value", ["\ud800 lone surrogate", "", 2**100, -0.0, 1e-310, False, None], ids=repr)
+def test_a_plain_scalar_comes_back_as_it_was(value):
+    back = from_json(to_json("the result of step 'x'", value))
+    assert back == value and type(back) is type(value)
