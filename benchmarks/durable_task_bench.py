@@ -60,8 +60,8 @@ def count_round_trips(store_dir: Path, runs: int) -> list[str]:
     os.environ.setdefault("BENCH_BROKER", "memory://")
     import benchapp
 
-    lines = ["| store | run | statements / run | round trips / run | statements in order | compiled cache |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| store | run | statements / run | round trips / run | commits waiting for the WAL flush / run "
+             "| statements in order | compiled cache |", "|---|---|---|---|---|---|---|"]
     tally_fn = benchapp._tally
     benchapp._tally = lambda key, started: None  # the Redis tally is the workers' figure, not the store's
     try:
@@ -81,9 +81,10 @@ def count_round_trips(store_dir: Path, runs: int) -> list[str]:
 def _count_row(store: str, kind: str, tally: Tally, runs: int) -> str:
     order = ", ".join(dict.fromkeys(tally.sql))
     cache = ", ".join(f"{name} {count}" for name, count in sorted(tally.cache.items()))
+    flushes = f"**{tally.flush_waits / runs:.2f}**" if store == "postgresql" else "none (WAL, synchronous=NORMAL)"
     return (f"| {store} | {kind} | {tally.statements / runs:.2f} | **{tally.round_trips / runs:.2f}** "
             f"(BEGIN {tally.begins}, COMMIT {tally.commits}, ROLLBACK {tally.rollbacks} in {runs} runs) "
-            f"| {order} | {cache} |")
+            f"| {flushes} | {order} | {cache} |")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

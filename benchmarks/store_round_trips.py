@@ -34,6 +34,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine.default import DefaultExecutionContext
 
+_WRITES = frozenset({"INSERT", "UPDATE", "DELETE"})
+_LAZY = "set_config('synchronous_commit', 'off', true)"
 #: psycopg2's ``TRANSACTION_STATUS_IDLE``: no transaction open, so a non-autocommit statement sends BEGIN first.
 _PG_IDLE = 0
 
@@ -46,6 +48,9 @@ class Tally:
     rollbacks: int = 0
     cache: Counter[str] = field(default_factory=Counter)
     sql: list[str] = field(default_factory=list)
+    #: PostgreSQL commits that wait for the WAL flush: a write in autocommit, or a COMMIT, unless its transaction
+    #: turned ``synchronous_commit`` off (a new run's start, ``attempt_sql.LAZY_NEW_RUN_COLUMN``).
+    flush_waits: int = 0
 
     @property
     def round_trips(self) -> int:
@@ -69,13 +74,18 @@ def counting() -> Iterator[Tally]:
                 and dbapi.info.transaction_status == _PG_IDLE):
             tally.begins += 1
         tally.statements += 1
+        if hasattr(dbapi, "autocommit") and hasattr(dbapi, "info") and dbapi.autocommit \
+                and statement.lstrip().split(None, 1)[0].upper() in _WRITES and _LAZY not in statement:
+            tally.flush_waits += 1
         tally.sql.append(" ".join(statement.split()[:3]).rstrip(","))
         compiled = isinstance(context, DefaultExecutionContext) and context.compiled is not None
         tally.cache[context.cache_hit.name if compiled else "no cache"] += 1
 
     def on_commit(conn: Any) -> None:
-        if _in_transaction(conn.connection.dbapi_connection):
+        dbapi = conn.connection.dbapi_connection
+        if _in_transaction(dbapi):
             tally.commits += 1
+            tally.flush_waits += hasattr(dbapi, "autocommit")  # psycopg2: a transaction's COMMIT (read-only ones too)
 
     def on_rollback(conn: Any) -> None:
         if _in_transaction(conn.connection.dbapi_connection):
@@ -95,10 +105,15 @@ def counting() -> Iterator[Tally]:
 def per_run(app: Any, task: Any, url: str, runs: int = 50) -> dict[str, Tally]:
     """Count ``task`` (three steps) through the real run path, applied in this process against ``url``.
 
-    ``new``: a run seen for the first time. ``resumed``: a run whose attempt
-    died after its three checkpoints (its lease expired), taken over by its
-    retry (``retries=1``), which replays the steps and settles.
+    ``new``: a run seen for the first time, delivered as a worker's pool
+    child runs it (Celery's tracer, not eager: a message holds it, see
+    ``tasks/lazy_start.py``). ``new, eager``: the same through ``apply()``.
+    ``resumed``: a run whose attempt died after its three checkpoints (its
+    lease expired), taken over by its retry (``retries=1``), which replays
+    the steps and settles.
     """
+    from celery.app.trace import build_tracer
+
     from celery_durable.leases.keeper import new_token
     from celery_durable.planning.checkpoints import StepKey
     from celery_durable.store import runs as store_runs
@@ -109,10 +124,19 @@ def per_run(app: Any, task: Any, url: str, runs: int = 50) -> dict[str, Tally]:
     engine = ensure_schema(url)
     task.apply(args=["warm-up", 0], task_id=uuid.uuid4().hex)  # the first statements compile once per process
     figures: dict[str, Tally] = {}
+    tracer = build_tracer(task.name, task, eager=False, propagate=True, app=app)
+    delivered = {"delivery_info": {"routing_key": "celery"}, "is_eager": False, "timelimit": (None, None)}
+    warm_id = uuid.uuid4().hex
+    tracer(warm_id, ["warm-up", 0], {}, {**delivered, "id": warm_id})
+    with counting() as tally:
+        for i in range(runs):
+            task_id = uuid.uuid4().hex
+            tracer(task_id, ["count", i], {}, {**delivered, "id": task_id})
+    figures["new"] = tally
     with counting() as tally:
         for i in range(runs):
             task.apply(args=["count", i], task_id=uuid.uuid4().hex)
-    figures["new"] = tally
+    figures["new, eager"] = tally
     crashed = []
     with autocommit(engine).connect() as conn:
         for i in range(runs + 1):
