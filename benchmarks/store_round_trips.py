@@ -35,7 +35,6 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.engine.default import DefaultExecutionContext
 
 _WRITES = frozenset({"INSERT", "UPDATE", "DELETE"})
-_LAZY = "set_config('synchronous_commit', 'off', true)"
 #: psycopg2's ``TRANSACTION_STATUS_IDLE``: no transaction open, so a non-autocommit statement sends BEGIN first.
 _PG_IDLE = 0
 
@@ -48,8 +47,8 @@ class Tally:
     rollbacks: int = 0
     cache: Counter[str] = field(default_factory=Counter)
     sql: list[str] = field(default_factory=list)
-    #: PostgreSQL commits that wait for the WAL flush: a write in autocommit, or a COMMIT, unless its transaction
-    #: turned ``synchronous_commit`` off (a new run's start, ``attempt_sql.LAZY_NEW_RUN_COLUMN``).
+    #: PostgreSQL commits that wait for the WAL flush: a write in autocommit, or a transaction's COMMIT. Every
+    #: store write of a run waits for it (its lazy commits are the broker's, on another engine).
     flush_waits: int = 0
 
     @property
@@ -75,7 +74,7 @@ def counting() -> Iterator[Tally]:
             tally.begins += 1
         tally.statements += 1
         if hasattr(dbapi, "autocommit") and hasattr(dbapi, "info") and dbapi.autocommit \
-                and statement.lstrip().split(None, 1)[0].upper() in _WRITES and _LAZY not in statement:
+                and statement.lstrip().split(None, 1)[0].upper() in _WRITES:
             tally.flush_waits += 1
         tally.sql.append(" ".join(statement.split()[:3]).rstrip(","))
         compiled = isinstance(context, DefaultExecutionContext) and context.compiled is not None
@@ -106,8 +105,7 @@ def per_run(app: Any, task: Any, url: str, runs: int = 50) -> dict[str, Tally]:
     """Count ``task`` (three steps) through the real run path, applied in this process against ``url``.
 
     ``new``: a run seen for the first time, delivered as a worker's pool
-    child runs it (Celery's tracer, not eager: a message holds it, see
-    ``tasks/lazy_start.py``). ``new, eager``: the same through ``apply()``.
+    child runs it (Celery's tracer, not eager: a message holds it). ``new, eager``: the same through ``apply()``.
     ``resumed``: a run whose attempt died after its three checkpoints (its
     lease expired), taken over by its retry (``retries=1``), which replays
     the steps and settles.
