@@ -48,13 +48,13 @@ class LeaseKeeper:
     def hold(self, url: str, run_id: str, token: str, ttl: float) -> None:
         with self._cond:
             self._held.setdefault(url, {})[run_id] = (token, ttl)
-            self._start()
+            self._start(ttl)
 
     def hold_limits(self, url: str, holder: str, ttl: float) -> None:
         """Renew every fleet-limit lease ``holder`` takes in ``url``'s store until :meth:`release_limits`."""
         with self._cond:
             self._limit_holders.setdefault(url, {})[holder] = ttl
-            self._start()
+            self._start(ttl)
 
     def release_limits(self, url: str, holder: str) -> None:
         with self._cond:
@@ -69,21 +69,27 @@ class LeaseKeeper:
         one thread renews a worker's runs, limits and broker rows."""
         with self._cond:
             self._beats[key] = (renew, ttl)
-            self._start()
+            self._start(ttl)
 
     def release_beat(self, key: str) -> None:
         with self._cond:
             self._beats.pop(key, None)
 
-    def _start(self) -> None:
+    def _start(self, ttl: float) -> None:
+        """Make sure a beat comes within a third of ``ttl`` from now (under ``self._cond``)."""
         if self._thread is None or not self._thread.is_alive():
             self._next_due = None
             self._thread = threading.Thread(target=self._run, name="durable-lease-keeper", daemon=True)
             self._thread.start()
         elif self._next_due is not None:
-            # Its next beat is set and renews whatever is held then: waking the thread on every
-            # run's hold (a thread switch a run, about a quarter of a short run's time) changed nothing.
-            return
+            due = monotonic() + ttl / 3.0
+            if due >= self._next_due:
+                # The beat already set comes in time and renews whatever is held then: waking the
+                # thread on every run's hold (a thread switch a run) would change nothing.
+                return
+            # A shorter TTL than the cadence was set for (a run lease beside a broker's longer one):
+            # the beat comes earlier, or the new lease would lapse before its first renewal.
+            self._next_due = due
         self._cond.notify()
 
     def release(self, url: str, run_id: str) -> None:
@@ -108,21 +114,20 @@ class LeaseKeeper:
     def _run(self) -> None:
         # Beats on a fixed cadence from the first hold, not on each hold: a run
         # shorter than a third of the TTL (most of them) costs no renewal at all.
-        next_due: float | None = None
         while True:
             with self._cond:
                 interval = self._interval()
                 if interval is None:
-                    next_due = self._next_due = None
+                    self._next_due = None
                     self._cond.wait()
                     continue
                 at = monotonic()
-                if next_due is None:
-                    next_due = self._next_due = at + interval
-                if at < next_due:
-                    self._cond.wait(timeout=next_due - at)
+                if self._next_due is None:
+                    self._next_due = at + interval
+                if at < self._next_due:
+                    self._cond.wait(timeout=self._next_due - at)
                     continue
-                next_due = self._next_due = at + interval
+                self._next_due = at + interval
                 snapshot = {url: dict(leases) for url, leases in self._held.items()}
                 limit_snapshot = {url: dict(holders) for url, holders in self._limit_holders.items()}
                 beats = list(self._beats.values())

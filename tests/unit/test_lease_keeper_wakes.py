@@ -1,4 +1,4 @@
-"""The lease keeper's thread is woken by a hold only when it has no beat coming (not once per run)."""
+"""The lease keeper's thread is woken by a hold only when its next beat would come too late for it."""
 
 from __future__ import annotations
 
@@ -30,3 +30,16 @@ def test_a_hold_wakes_the_keeper_only_while_it_waits_for_a_first_lease():
         keeper.release(URL, f"r{i}")
     assert len(wakes) == 1
     assert keeper.held() == {URL: {"first": "k0"}}
+
+
+def test_a_shorter_ttl_held_after_a_longer_one_is_renewed_within_a_third_of_it():
+    # A broker's rows held on a 300 s TTL set the cadence at 100 s; a run lease of 0.6 s taken
+    # afterwards must be renewed within 0.2 s, not at the beat set for the longer TTL, or it lapses.
+    keeper = LeaseKeeper()
+    keeper.hold_beat("long", lambda: None, 300.0)
+    wait_for(lambda: keeper._next_due is not None, timeout=5, what="the keeper to schedule its first beat")
+    renewed: list[int] = []
+    keeper.hold_beat("short", lambda: renewed.append(1), 0.6)
+    wait_for(lambda: len(renewed) >= 2, timeout=5, what="the short lease renewed on its own cadence")
+    keeper.release_beat("short")
+    keeper.release_beat("long")
