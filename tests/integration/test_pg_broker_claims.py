@@ -20,7 +20,7 @@ from celery_durable.headers import PARKED_REASON_HEADER
 from celery_durable.metrics import jobs as metrics
 from celery_durable.store.engine import ensure_schema
 from celery_durable.tasks import runs as durable_runs
-from tests.stores import fresh_store
+from tests.stores import fresh_database, fresh_store
 
 DYING_TTL = 0.3
 
@@ -455,10 +455,19 @@ def _dead_rows(db_url: str) -> int:
             "SELECT coalesce(pg_stat_get_dead_tuples(to_regclass('durable_broker_messages')), 0)").scalar() or 0)
 
 
+@pytest.fixture
+def own_database_url() -> Iterator[str]:
+    with fresh_database() as url:
+        ensure_schema(url)
+        yield url
+
+
 def test_a_claiming_worker_vacuums_the_dead_rows_its_claims_and_acks_leave_and_stops_when_it_closes(
-        db_url: str) -> None:
+        own_database_url: str) -> None:
     from celery_durable.broker import vacuum
 
+    # A database of its own: the other test process's open transactions would keep the dead rows.
+    db_url = own_database_url
     engine = ensure_schema(db_url)
     live = PgRows(db_url, lease_ttl=30, vacuum_dead_rows=500)
     table_vacuum = vacuum.for_process(live.engine, 500)
