@@ -16,13 +16,14 @@ from sqlalchemy.engine import Connection, Engine
 
 from celery_durable.errors import SchemaOutdated, StoreUnavailable
 from celery_durable.store.schema import HEAD_REVISION, VERSION_TABLE
+from celery_durable.store.sqlite_lock_wait import LockWaitingConnection
 from celery_durable.store.unreachable import CONNECTION_ERRORS
 from celery_durable.store.urls import broker_database, rendered, shown_url
 
 #: Where the store lives when ``durable_database_url`` is not set: a file in the working directory.
 DEFAULT_URL = "sqlite:///durable.sqlite"
 
-#: Milliseconds a SQLite writer waits for another process's lock before failing.
+#: Milliseconds a SQLite writer waits for another process's lock before failing (``sqlite_lock_wait``).
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -103,7 +104,9 @@ def _sqlite_engine(url: str, *, autocommit: bool = False) -> Engine:
     # on each return by SQLite's PRAGMA read_uncommitted, which expires every statement the
     # connection had prepared: each run compiled its five statements again (~0.5 ms a run).
     isolation = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
-    engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+    # timeout=0: no SQLite busy handler, whose first sleep is 1 ms for a lock another process holds
+    # for microseconds; the connection waits in short steps itself, within the same busy timeout.
+    engine = sa.create_engine(url, connect_args={"timeout": 0, "factory": LockWaitingConnection,
                                                  "check_same_thread": False}, **isolation)
 
     @event.listens_for(engine, "connect")
@@ -111,11 +114,11 @@ def _sqlite_engine(url: str, *, autocommit: bool = False) -> Engine:
         # pysqlite's own implicit BEGIN is deferred (a later write can fail
         # busy without waiting); we issue BEGIN IMMEDIATE ourselves below.
         dbapi_conn.isolation_level = None
-        cursor = dbapi_conn.cursor()
-        # WAL: readers never block the one writer, so threads and processes share the file.
         # The busy timeout first: switching to WAL needs a moment with no other
         # writer (another process's transaction), and waits for it instead of failing.
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        dbapi_conn.busy_timeout = SQLITE_BUSY_TIMEOUT_MS / 1000
+        cursor = dbapi_conn.cursor()
+        # WAL: readers never block the one writer, so threads and processes share the file.
         cursor.execute("PRAGMA journal_mode=WAL")
         # NORMAL is durable across a process crash in WAL mode (only an OS crash can lose the tail).
         cursor.execute("PRAGMA synchronous=NORMAL")
