@@ -67,42 +67,34 @@ class LockWaitingCursor(sqlite3.Cursor):
     connection: LockWaitingConnection
 
     def execute(self, sql: str, parameters: Any = (), /) -> LockWaitingCursor:
-        if self.connection.in_transaction:
-            sqlite3.Cursor.execute(self, sql, parameters)
-            return self
         return self._waiting(sqlite3.Cursor.execute, sql, parameters)
 
     def executemany(self, sql: str, seq_of_parameters: Any, /) -> LockWaitingCursor:
-        if self.connection.in_transaction:
-            sqlite3.Cursor.executemany(self, sql, seq_of_parameters)
-            return self
-        # A list: an iterator consumed by a refused try would be empty on the next.
-        return self._waiting(sqlite3.Cursor.executemany, sql, list(seq_of_parameters))
+        # A sequence: an iterator consumed by a refused try would be empty on the next.
+        rows = seq_of_parameters if isinstance(seq_of_parameters, (list, tuple)) else list(seq_of_parameters)
+        return self._waiting(sqlite3.Cursor.executemany, sql, rows)
 
     def _waiting(self, run: Any, sql: str, parameters: Any) -> LockWaitingCursor:
-        try:
-            run(self, sql, parameters)
-            return self
-        except sqlite3.OperationalError as err:
-            if not is_busy(err):
-                raise
-        limit = self.connection.busy_timeout
-        deadline = time.monotonic() + limit
-        tries = 1
+        tries = 0
+        deadline = 0.0
         while True:
-            pause = PAUSES[tries - 1] if tries <= len(PAUSES) else LONGEST_PAUSE
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise LockWaitExceeded(
-                    f"database is locked: another connection held SQLite's lock for longer than the busy "
-                    f"timeout, {limit * 1000:.0f} ms ({self.connection.busy_timeout_setting}); "
-                    f"{tries} tries of: {sql[:80]}")
-            if pause:
-                time.sleep(min(pause, left))
-            tries += 1
             try:
                 run(self, sql, parameters)
                 return self
             except sqlite3.OperationalError as err:
-                if not is_busy(err):
+                # Inside a transaction a refusal is final (see the module's docstring).
+                if not is_busy(err) or self.connection.in_transaction:
                     raise
+            tries += 1
+            now = time.monotonic()
+            if tries == 1:  # the clock is read only once a try is refused: most statements never are
+                deadline = now + self.connection.busy_timeout
+            left = deadline - now
+            if left <= 0:
+                raise LockWaitExceeded(
+                    f"database is locked: another connection held SQLite's lock for longer than the busy "
+                    f"timeout, {self.connection.busy_timeout * 1000:.0f} ms ({self.connection.busy_timeout_setting}); "
+                    f"{tries} tries of: {sql[:80]}")
+            pause = PAUSES[tries - 1] if tries <= len(PAUSES) else LONGEST_PAUSE
+            if pause:
+                time.sleep(min(pause, left))
