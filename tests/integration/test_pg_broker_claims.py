@@ -207,6 +207,19 @@ def test_a_durable_workers_lease_keeper_renews_its_rows_with_no_thread_of_the_tr
         time.sleep(0.05)
 
 
+def _run_until_the_loop_idles(loop: Iterator[Any], idle: float = 0.5, deadline: float = 10) -> None:
+    """Turn the loop until one turn blocks in its poll for ``idle`` seconds: it had nothing ready, so
+    its start-up work (the LISTEN, the first fetch) is done. A fixed count of turns cost 2 s each once
+    the loop was idle (its poll waits for the next timer)."""
+    started = time.monotonic()
+    while True:
+        turn_started = time.monotonic()
+        next(loop)
+        if time.monotonic() - turn_started >= idle:
+            return
+        assert time.monotonic() - started < deadline, "the event loop never went idle"
+
+
 def test_in_an_event_loop_the_listen_socket_wakes_the_consumer_on_a_notify_of_its_queue(db_url: str) -> None:
     from kombu import Connection, Exchange, Queue
     from kombu.asynchronous import Hub
@@ -222,8 +235,7 @@ def test_in_an_event_loop_the_listen_socket_wakes_the_consumer_on_a_notify_of_it
                                prefetch_count=10):
             consumer.transport.register_with_event_loop(consumer.connection, hub)
             loop = hub.create_loop()
-            for _ in range(20):  # settle: the LISTEN is open, nothing pending
-                next(loop)
+            _run_until_the_loop_idles(loop)  # the LISTEN is open, nothing pending
             for n in range(3):
                 sent = time.monotonic()
                 producer.Producer().publish({"n": n}, exchange=queue.exchange, routing_key="q", declare=[queue])
