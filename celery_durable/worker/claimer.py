@@ -72,6 +72,7 @@ class Claimer:
         gate: LimitGate | None = None,
         hub: Any = None,
         push: bool = False,
+        new_watch: Callable[..., QueueWatch | None] = queue_watch_for,
     ) -> None:
         self._connection = connection
         self._hub = hub
@@ -109,6 +110,7 @@ class Claimer:
         self._may_push = push
         #: RabbitMQ: the queues a pass proved empty are consumed, not probed again (worker/queue_watch.py).
         self._watch: QueueWatch | None = None
+        self._new_watch = new_watch
         #: Queues the watch may not consume (quorum, stream: no global qos), by name.
         self._unwatchable: set[str] = set()
         #: Claim passes and admissions on the stack now. A watch delivery read meanwhile (any
@@ -158,7 +160,7 @@ class Claimer:
         self._push = push_consumer_for(self._connection, channel, self._accept, self.held.room_for,
                                        self._push_delivered, self.held.holds,
                                        self.held.acked_as_it_ends) if self._may_push else None
-        self._watch = queue_watch_for(self._connection, channel, self._accept, self._watch_delivered,
+        self._watch = self._new_watch(self._connection, channel, self._accept, self._watch_delivered,
                                       self._clock) if self._prober is not None else None
         self.running = True
         # The first pass (and the idle wait it arms) runs now, before the worker
