@@ -501,8 +501,13 @@ class Claimer:
             # Admitted before the wait is cancelled (a synchronous round trip on
             # AMQP): the wait's channel has a prefetch of one, so nothing else
             # can arrive on it meanwhile. A watch delivery read by that cancel
-            # waits until both are done.
-            self._admission.admit(queue_name, message)
+            # waits until both are done. Bounded where the queue watch runs: the
+            # wait was armed for the room a pass left, and the watch may have spent
+            # it since (a delivery it admitted outside any pass); the message then
+            # goes back in place. Unbounded, it ran beyond the cap (the counting e2e
+            # test's third capacity run, claimed while two ran, under load). Elsewhere
+            # unbounded as before: a Redis wait's BRPOP delivery has no in-place return.
+            self._admission.admit_all([(queue_name, message)], bounded=self._watch is not None)
             if self._idle is not None:
                 self._idle.cancel()
         finally:

@@ -37,6 +37,8 @@ class WatchChannel:
     """py-amqp's channel surface the watch uses; ``read_connection`` dispatches what the broker sent, as any
     synchronous read of the connection (a ``basic.cancel`` waiting for its ``CancelOk``) does."""
 
+    connection = SimpleNamespace(client=SimpleNamespace(transport=SimpleNamespace(driver_type="amqp")))
+
     def __init__(self) -> None:
         self.callbacks: dict[str, Callable[[Any], None]] = {}
         self.settled: list[tuple[str, int]] = []
@@ -171,3 +173,18 @@ def test_an_admission_inside_another_leaves_the_outer_run_bound():
     assert admitter.admit("q", outer)
     assert held.held() == 2
     assert all(run.request is not None for run in held.snapshot())
+
+
+def test_an_idle_wait_delivery_finding_the_room_the_watch_spent_goes_back(world):
+    # The idle wait was armed for the room a pass left (1 here); the watch, deciding outside any pass,
+    # admitted a message into it first. The idle wait's own delivery then finds no room: back in place.
+    claimer, held, channel = world.claimer, world.held, world.channel
+    held.take("q", message(channel, "running"))
+    assert held.room() == 1
+    channel.sent.append(("w", "pushed"))
+    channel.read_connection()  # the hub's read: the watch's delivery is decided at once
+    assert claimer.stats().claimed_by_watch == 1
+    idle_delivered = message(channel, "idle")
+    claimer._idle_delivered("q", idle_delivered)  # what the idle wait's consumer calls
+    assert held.held() == 2 == held.capacity
+    assert ("reject", idle_delivered.delivery_tag) in channel.settled
