@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import uuid
 
 import pytest
@@ -28,7 +27,7 @@ class Watched:
         def step() -> bool:
             try:
                 self.conn.drain_events(timeout=0.02)
-            except socket.timeout:
+            except TimeoutError:
                 pass
             return bool(until())
         wait_for(step, timeout=10, what=what)
@@ -38,7 +37,7 @@ class Watched:
         for _ in range(rounds):
             try:
                 self.conn.drain_events(timeout=0.02)
-            except socket.timeout:
+            except TimeoutError:
                 pass
 
     def depth(self, name: str) -> int:

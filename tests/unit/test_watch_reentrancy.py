@@ -1,4 +1,4 @@
-"""A watch delivery read while a claim pass admits is decided after it: it neither overshoots the room nor unbinds a run.
+"""A watch delivery read while a claim pass admits is decided after it: no room overshot, no run unbound.
 
 Any synchronous read of the connection (a pass's gets, the idle wait's ``basic.cancel``, a
 strategy's confirm) dispatches the queue watch's deliveries. Decided there, inside another
