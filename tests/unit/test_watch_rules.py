@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from celery_durable.compat.amqp_watch import accepts_global_qos
-from celery_durable.planning.known_ready import NOTHING_READY_KNOWN, KnownReady, after_delivery, pass_queues, to_probe
 from celery_durable.planning.known_empty import KnownEmpty
+from celery_durable.planning.known_ready import NOTHING_READY_KNOWN, KnownReady, after_delivery, pass_queues, to_probe
 from celery_durable.planning.watch_credit import WATCH_CREDIT_EVERY, may_give_credit
 from celery_durable.planning.watch_turn import runs_now
 
