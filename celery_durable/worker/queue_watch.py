@@ -63,6 +63,9 @@ class QueueWatch:
         self._given_at: float | None = None
         #: Watched queue -> its consumer tag.
         self._watched: dict[str, str] = {}
+        #: ``_watched``'s names, made once per change: every pass asks for them (twice), and a set of
+        #: 200 names made per pass is a cost the watch exists to save.
+        self._watched_names: frozenset[str] = frozenset()
         #: Messages delivered and not yet acked or rejected, and the ones of those decided (the credit counts them).
         self._unsettled: dict[int, Any] = {}
         self._counted: set[int] = set()
@@ -72,7 +75,7 @@ class QueueWatch:
 
     # -- what the claimer asks ------------------------------------------------------
     def watched(self) -> frozenset[str]:
-        return frozenset(self._watched)
+        return self._watched_names
 
     @property
     def holds_credit(self) -> bool:
@@ -90,6 +93,7 @@ class QueueWatch:
                 tag = f"durable-watch-{next(_tag_numbers)}{_TAG_QUEUE}{queue}"
                 self._watched[queue] = tag
                 amqp_push.consume(self._channel, queue, tag, self._delivered)
+            self._watched_names = frozenset(self._watched)
 
     def give(self) -> bool:
         """Let the broker push one message (a pass with room); False if the credit is not the watch's to give now.
@@ -126,6 +130,7 @@ class QueueWatch:
         """Stop consuming every watched queue (a stop, the queues changed); deliveries already sent still come."""
         with self._lock:
             watched, self._watched = self._watched, {}
+            self._watched_names = frozenset()
             for tag in watched.values():
                 try:
                     amqp_push.cancel(self._channel, tag, wait=False)
@@ -183,6 +188,7 @@ class QueueWatch:
                 # What else is there the push does not say: the passes ask the queue from now on. Cancelled
                 # before the claimer may give the message back, so it is not pushed here again.
                 del self._watched[queue]
+                self._watched_names = frozenset(self._watched)
                 amqp_push.cancel(self._channel, raw.delivery_info["consumer_tag"], wait=False)
         self.delivered += 1
         self._on_delivery(queue, message)
