@@ -373,7 +373,9 @@ class Claimer:
             queue = queues.get(name)
             if queue is not None and not accepts_global_qos(queue.queue_arguments):
                 self._unwatchable.add(name)
-        watch.watch(name for name in new if name in queues and name not in self._unwatchable)
+        watchable = [name for name in new if name in queues and name not in self._unwatchable]
+        if watchable:  # a worker of quorum queues alone opens no watch channel
+            watch.watch(watchable)
 
     def _watch_delivered(self, queue_name: str, message: HostMessage) -> None:
         """The watch was pushed ``message``: decided now, or when no pass or admission is on the stack."""
