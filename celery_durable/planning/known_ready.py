@@ -9,7 +9,9 @@ Most of it is not needed:
 - a queue proven empty (by a probe, by a ``GetOk`` saying none remain, by an ask that came back
   short) is left out of passes, unprobed, for ``PROBED_EMPTY_FOR`` seconds — the wait a message
   landing on it may have while other queues keep the worker busy — and then probed again. While
-  the worker has room, the idle wait consumes every queue, so nothing landing there waits at all.
+  the worker has room, the idle wait consumes every queue, so nothing landing there waits at all;
+- a queue the RabbitMQ queue watch consumes (worker/queue_watch.py) is never probed: a message
+  landing on it is pushed to the worker, and its queue is then asked in turn (``after_delivery``).
 
 The turn is untouched: the order is rotated whole, then the queues known empty are left out (the
 PostgreSQL broker's rule, planning/known_empty.py, whose ``KnownEmpty`` holds the empty ones here).
@@ -56,14 +58,15 @@ def trusted_empty(known: KnownReady, now: float) -> frozenset[str]:
     return empty.queues
 
 
-def to_probe(known: KnownReady, order: Sequence[str], free: Mapping[str, int], now: float) -> list[str]:
+def to_probe(known: KnownReady, order: Sequence[str], free: Mapping[str, int], now: float,
+             watched: frozenset[str] = frozenset()) -> list[str]:
     """The open queues of ``order`` (free slots > 0) whose ready messages this pass must learn first.
 
     None when fewer than two are open: the one ask costs what its probe would. Otherwise every open
-    queue neither known to hold work nor trusted empty. Set differences first (in C): a busy worker
-    among 200 queues asks this before every claim, and almost always needs nothing.
+    queue neither known to hold work, nor trusted empty, nor ``watched``. Set differences first (in
+    C): a busy worker among 200 queues asks this before every claim, and almost always needs nothing.
     """
-    unknown = free.keys() - known.counts.keys() - trusted_empty(known, now)
+    unknown = free.keys() - known.counts.keys() - trusted_empty(known, now) - watched
     if not unknown or sum(1 for slots in free.values() if slots > 0) < 2:
         return []
     return [q for q in order if q in unknown and free[q] > 0]
@@ -114,13 +117,31 @@ def after_ask(known: KnownReady, queue: str, *, asked: int, got: int, remaining:
 
 
 def pass_queues(order: Sequence[str], cursor: str | None, free: Mapping[str, int], known: KnownReady,
-                now: float) -> tuple[tuple[str, ...], dict[str, int]]:
-    """The pass's order (``order`` rotated after ``cursor``, then less the queues trusted empty), and
-    each of those queues' free slots capped by its known ready messages (a queue still unknown, when
-    there was nothing to probe, keeps its slots). Rotated before queues are left out: the turn is the
-    whole order's."""
+                now: float, watched: frozenset[str] = frozenset()) -> tuple[tuple[str, ...], dict[str, int]]:
+    """The pass's order (``order`` rotated after ``cursor``, then less the queues trusted empty and the
+    ``watched`` ones not known to hold work), and each of those queues' free slots capped by its known
+    ready messages (a queue still unknown, when there was nothing to probe, keeps its slots). Rotated
+    before queues are left out: the turn is the whole order's."""
     skipped = trusted_empty(known, now)
+    if watched:
+        skipped = skipped | (watched - known.counts.keys())
     rotated = rotate(order, cursor)
     asked = tuple(filterfalse(skipped.__contains__, rotated)) if skipped else rotated
     counts = known.counts
     return asked, {q: min(free[q], counts[q]) if q in counts else free[q] for q in asked}
+
+
+def after_delivery(known: KnownReady, queue: str) -> KnownReady:
+    """What is known once the queue watch was pushed a message from ``queue``: it held work.
+
+    Whether more is there the push does not say (a ``basic.deliver`` carries no count): the next
+    pass asks it, in turn, as a queue holding at least one; an ask that comes back short proves it
+    empty again.
+    """
+    counts = known.counts
+    if counts.get(queue, 0) >= 1 and queue not in known.empty.queues:
+        return known
+    empty = known.empty
+    if queue in empty.queues:
+        empty = KnownEmpty(empty.queues - {queue}, empty.full_at)
+    return KnownReady({**counts, queue: max(counts.get(queue, 0), 1)}, empty)

@@ -39,7 +39,10 @@ class Admitter:
         self._clock = clock
         #: Set once the claim channel is open (worker/parking.py ``parker_for``).
         self.parker: Parker | None = None
-        self._admitting: HeldRun | None = None
+        #: The runs being handed to Celery, innermost last. A stack: a strategy that reads the connection
+        #: (a confirm, a synchronous cancel) may dispatch a delivery admitted inside it, and the inner
+        #: admission must not clear the outer one's run before its request is bound.
+        self._admitting: list[HeldRun] = []
         #: Messages a pass took that could have run but found no slot left: given back to the broker.
         self.handed_back = 0
         #: Set when the store could not answer the gate: no pass until then (a requeued
@@ -82,9 +85,10 @@ class Admitter:
 
     def bind_request(self, request: HostRequest) -> None:
         """Called as the strategy makes a request for the message being admitted."""
-        run = self._admitting
-        if run is not None and request.message is run.message:
-            run.request = request
+        for run in reversed(self._admitting):
+            if request.message is run.message:
+                run.request = request
+                return
 
     def _admissions(self, readable: list[tuple[str, Any]],
                     room: RunRoom | None) -> list[tuple[bool, Admission | None]]:
@@ -140,7 +144,7 @@ class Admitter:
             grant = admission.grant
         run = self._held.take(queue_name, message)
         run.limit_grant, run.limit_checked = grant, checked
-        self._admitting = run
+        self._admitting.append(run)
         try:
             self._handle(message)
         except Exception as exc:
@@ -156,7 +160,7 @@ class Admitter:
             self._park(queue_name, message, f"the task handler raised {exc!r}")
             return False
         finally:
-            self._admitting = None
+            self._admitting.pop()  # admissions nest: the innermost ends first
             if run.request is None:
                 # The strategy dropped it (revoked, expired, unknown task, bad
                 # payload): nothing will run, so the count goes back now.

@@ -24,6 +24,12 @@ class ClaimStats:
     idle_waiting_on: frozenset[str] = field(default_factory=frozenset)
     #: Broker round trips the claim passes made (the idle wait's deliveries not included).
     round_trips: int = 0
+    #: RabbitMQ's queue watch (worker/queue_watch.py): messages it was pushed that ran, that went back
+    #: to the broker (not their turn, or no room), the times a pass gave it its credit, the queues it watches.
+    claimed_by_watch: int = 0
+    watch_given_back: int = 0
+    watch_credits: int = 0
+    watching: frozenset[str] = field(default_factory=frozenset)
     #: Messages a pass took beyond its slots (to park a busy key's flood at once) that could run:
     #: given back to the broker, ahead of what came after them.
     handed_back: int = 0
@@ -40,4 +46,8 @@ class ClaimStats:
             "idle_waiting_on": sorted(self.idle_waiting_on),
             "claim_round_trips": self.round_trips,
             "claims_handed_back": self.handed_back,
+            "claimed_by_watch": self.claimed_by_watch,
+            "watch_given_back": self.watch_given_back,
+            "watch_credits": self.watch_credits,
+            "watching": sorted(self.watching),
         }

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from celery_durable.clock import Clock
+from celery_durable.compat.amqp_watch import accepts_global_qos
 from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.errors import InvariantBroken
 from celery_durable.limits.gate import LimitGate
@@ -24,6 +26,7 @@ from celery_durable.planning.claim_sweep import (
 )
 from celery_durable.planning.known_empty import NOTHING_KNOWN, KnownEmpty, after_pass, notified, pass_order
 from celery_durable.planning.push_turn import push_queue
+from celery_durable.planning.watch_turn import runs_now
 from celery_durable.worker.admission import Admitter
 from celery_durable.worker.claim_stats import ClaimStats
 from celery_durable.worker.fetchers import (
@@ -40,6 +43,7 @@ from celery_durable.worker.idle_wait import IdleWait, idle_wait_for
 from celery_durable.worker.parking import parker_for
 from celery_durable.worker.probing import QueueProber
 from celery_durable.worker.push_consumer import PushConsumer, push_consumer_for
+from celery_durable.worker.queue_watch import QueueWatch, queue_watch_for
 
 #: Seconds between an idle wait's delivery and the pass that fills the rest of the room (see ``_idle_delivered``).
 FOLLOW_UP_PASS_DELAY = 0.001
@@ -68,6 +72,7 @@ class Claimer:
         gate: LimitGate | None = None,
         hub: Any = None,
         push: bool = False,
+        new_watch: Callable[..., QueueWatch | None] = queue_watch_for,
     ) -> None:
         self._connection = connection
         self._hub = hub
@@ -103,6 +108,20 @@ class Claimer:
         self._prober: QueueProber | None = None
         self._push: PushConsumer | None = None
         self._may_push = push
+        #: RabbitMQ: the queues a pass proved empty are consumed, not probed again (worker/queue_watch.py).
+        self._watch: QueueWatch | None = None
+        self._new_watch = new_watch
+        #: Queues the watch may not consume (quorum, stream: no global qos), by name.
+        self._unwatchable: set[str] = set()
+        #: Claim passes and admissions on the stack now. A watch delivery read meanwhile (any
+        #: synchronous read of the connection dispatches it: a pass's gets, the idle wait's cancel, a
+        #: strategy's confirm) waits in ``_watch_pending`` and is decided when the depth is back to 0:
+        #: decided inside, it would spend the room a pass already planned, or admit a run inside
+        #: another's admission.
+        self._depth = 0
+        self._watch_pending: deque[tuple[str, HostMessage]] = deque()
+        self.claimed_by_watch = 0
+        self.watch_given_back = 0
         self.passes = 0
         #: Messages admitted from claim passes, and from the idle any-queue wait.
         self.claimed_by_passes = 0
@@ -141,6 +160,8 @@ class Claimer:
         self._push = push_consumer_for(self._connection, channel, self._accept, self.held.room_for,
                                        self._push_delivered, self.held.holds,
                                        self.held.acked_as_it_ends) if self._may_push else None
+        self._watch = self._new_watch(self._connection, channel, self._accept, self._watch_delivered,
+                                      self._clock) if self._prober is not None else None
         self.running = True
         # The first pass (and the idle wait it arms) runs now, before the worker
         # says ready, as stock Celery's consume does: a kick would queue it
@@ -155,6 +176,8 @@ class Claimer:
             self._idle.cancel()
         if self._push is not None:
             self._push.stop()
+        if self._watch is not None:
+            self._watch.unwatch_all()
 
     def _send_acks(self) -> None:
         if self._ack_carrier is not None:  # the acks no pass carried (none ran, or it failed) go now
@@ -166,6 +189,8 @@ class Claimer:
             self._idle.close()
         if self._push is not None:
             self._push.close()
+        if self._watch is not None:
+            self._watch.close()
 
     def queues_changed(self) -> None:
         """A queue was cancelled: the idle wait must not go on consuming what it was armed on.
@@ -178,14 +203,21 @@ class Claimer:
             self._idle.cancel()
         if self._push is not None:
             self._push.stop()
+        if self._watch is not None:
+            self._watch.unwatch_all()
+        self._unwatchable.clear()
         self._known_empty = NOTHING_KNOWN
         if self._prober is not None:
             self._prober.forget()
         self.kick()
 
     def stats(self) -> ClaimStats:
-        idle, fetcher, push = self._idle, self._fetcher, self._push
+        idle, fetcher, push, watch = self._idle, self._fetcher, self._push, self._watch
         return ClaimStats(
+            claimed_by_watch=self.claimed_by_watch,
+            watch_given_back=self.watch_given_back,
+            watch_credits=watch.credits_given if watch is not None else 0,
+            watching=watch.watched() if watch is not None else frozenset(),
             claimed_by_push=push.delivered if push is not None else 0,
             pushing=push.queue if push is not None else None,
             passes=self.passes,
@@ -213,14 +245,17 @@ class Claimer:
 
     # -- the pass --------------------------------------------------------------
     def run_pass(self) -> int:
+        self._depth += 1
         try:
             return self._claim()
         finally:
+            self._depth -= 1
             self._send_acks()
             if self._gate is not None:
                 # The leases of runs that ended go back with the pass's take (one round
                 # trip); the ones no take carried (a pass with no limited message) now.
                 self._gate.give_back_ended()
+            self._decide_watched()
 
     def _claim(self) -> int:
         if not self.claiming or self.handler is None or self._fetcher is None or self._idle is None:
@@ -244,8 +279,14 @@ class Claimer:
         # one that does not cannot take more than its room, and skips that bookkeeping.
         bounded = self._overdraw > 0 and room > 0
         free, room = overdrawn(free, room, self._overdraw)
+        watch = self._watch
         if self._prober is not None and room > 0:
-            order, free = self._prober.probed(order, self.cursor, free)
+            order, free = self._prober.probed(order, self.cursor, free,
+                                              watch.watched() if watch is not None else frozenset())
+            if watch is not None:
+                # A pass with room lets the broker push one message from a watched queue: one landing
+                # there since it was proved empty starts now, not when a probe would have found it.
+                watch.give()
         full = True
         if self._notifying_fetcher is not None:
             self._known_empty = notified(self._known_empty, self._notifying_fetcher.notified())
@@ -285,6 +326,8 @@ class Claimer:
             # (a row no notification announced). A full pass now, before any idle wait is armed.
             self._known_empty = NOTHING_KNOWN
             self.kick()
+        if watch is not None and self._prober is not None and self.claiming:
+            self._watch_proven_empty(watch, self._prober, queues)
         if self.claiming and self.held.room() > 0 and not self._kick_pending:
             # Every queue with a free slot gave less than it was asked for: wait
             # on all of them at once instead of polling. Not while a kick is
@@ -311,9 +354,81 @@ class Claimer:
 
     def _push_delivered(self, queue_name: str, message: HostMessage) -> None:
         self.cursor = queue_name
-        # Bounded: a delivery the credit allowed before a slot went elsewhere (an ETA run fell due)
-        # finds none, and goes back to the broker in place.
-        self._admission.admit_all([(queue_name, message)], bounded=True)
+        self._depth += 1
+        try:
+            # Bounded: a delivery the credit allowed before a slot went elsewhere (an ETA run fell due)
+            # finds none, and goes back to the broker in place.
+            self._admission.admit_all([(queue_name, message)], bounded=True)
+        finally:
+            self._depth -= 1
+        self._decide_watched()
+
+    # -- the queue watch (RabbitMQ) ------------------------------------------------------
+    def _watch_proven_empty(self, watch: QueueWatch, prober: QueueProber, queues: Mapping[str, Any]) -> None:
+        """Watch the consumed queues this pass proved empty, but the ones that refuse a global qos."""
+        new = prober.proven_empty() - watch.watched()
+        if not new:
+            return
+        for name in new:
+            queue = queues.get(name)
+            if queue is not None and not accepts_global_qos(queue.queue_arguments):
+                self._unwatchable.add(name)
+        watchable = [name for name in new if name in queues and name not in self._unwatchable]
+        if watchable:  # a worker of quorum queues alone opens no watch channel
+            watch.watch(watchable)
+
+    def _watch_delivered(self, queue_name: str, message: HostMessage) -> None:
+        """The watch was pushed ``message``: decided now, or when no pass or admission is on the stack."""
+        self._watch_pending.append((queue_name, message))
+        self._decide_watched()
+
+    def _decide_watched(self) -> None:
+        """Decide the watch's deliveries, in the order they came, if nothing else is deciding (depth 0).
+
+        Inside a pass (or an admission) a delivery would spend room the pass already planned, and an
+        admission inside another would admit a run while the outer one's request is not yet bound.
+        """
+        if self._depth or not self._watch_pending:
+            return
+        self._depth += 1
+        try:
+            while self._watch_pending:
+                self._decide_one_watched(*self._watch_pending.popleft())
+        finally:
+            self._depth -= 1
+
+    def _decide_one_watched(self, queue_name: str, message: HostMessage) -> None:
+        """Run a pushed message if the turn would have given it the slot (planning/watch_turn.py), else give it back.
+
+        Given back, it goes back in place with ``redelivered`` set (RabbitMQ sets it on every requeued
+        message); Celery copies it into the request's ``delivery_info``, and acts on it only under
+        ``worker_deduplicate_successful_tasks`` with late acks: one result-backend lookup, and the run goes
+        on (it never ran). Stock Celery sets the same flag on the prefetched messages a stopping worker
+        hands back. Either way the passes ask its queue in turn from now on.
+        """
+        watch, prober = self._watch, self._prober
+        if watch is None or prober is None:
+            raise InvariantBroken("a watch delivery reached a claimer with no queue watch")
+        prober.delivered(queue_name)
+        _, order = self._consumed_order()
+        if (self.claiming and self.handler is not None
+                and runs_now(queue_name, order, self.cursor, prober.holding_work(), self.held.free_slots(),
+                             self.held.room())):
+            self.cursor = queue_name
+            admitted, _ = self._admission.admit_all([(queue_name, message)], bounded=True)
+            self.claimed_by_watch += admitted
+            watch.decided(message)
+            # The rest of the room, and the queue the push came from, go to a pass after the hub's next
+            # poll (as the idle wait's delivery: the pool writes the job just admitted on that poll).
+            if self._hub is not None:
+                self._hub.call_later(FOLLOW_UP_PASS_DELAY, self.kick)
+            else:
+                self.kick()
+            return
+        self.watch_given_back += 1
+        watch.give_back(message)
+        if self.claiming:
+            self.kick()
 
     def _consumed_order(self) -> tuple[dict[str, Any], Sequence[str]]:
         """The consumed queues by name, and the held queues' order among them; rebuilt only when either
@@ -383,12 +498,23 @@ class Claimer:
         """The idle wait took ``message`` itself (kombu's consumers): admit it, then plan the rest of the room."""
         self.cursor = queue_name
         self.claimed_by_idle_wait += 1
-        # Admitted before the wait is cancelled (a synchronous round trip on
-        # AMQP): the wait's channel has a prefetch of one, so nothing else
-        # can arrive on it meanwhile.
-        self._admission.admit(queue_name, message)
-        if self._idle is not None:
-            self._idle.cancel()
+        self._depth += 1
+        try:
+            # Admitted before the wait is cancelled (a synchronous round trip on
+            # AMQP): the wait's channel has a prefetch of one, so nothing else
+            # can arrive on it meanwhile. A watch delivery read by that cancel
+            # waits until both are done. Bounded where the queue watch runs: the
+            # wait was armed for the room a pass left, and the watch may have spent
+            # it since (a delivery it admitted outside any pass); the message then
+            # goes back in place. Unbounded, it ran beyond the cap (the counting e2e
+            # test's third capacity run, claimed while two ran, under load). Elsewhere
+            # unbounded as before: a Redis wait's BRPOP delivery has no in-place return.
+            self._admission.admit_all([(queue_name, message)], bounded=self._watch is not None)
+            if self._idle is not None:
+                self._idle.cancel()
+        finally:
+            self._depth -= 1
+        self._decide_watched()
         # One message woke us: fill the rest of the room with planned asks — after the hub's next poll.
         # Celery's pool writes the job just admitted to a child only when that poll finds the child's
         # pipe writable; a pass kicked now would run first and hold the job back by a claim round trip

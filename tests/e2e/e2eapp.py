@@ -2,7 +2,9 @@
 
 Configured from the environment by the harness (``tests/e2e/harness.py``):
 E2E_BROKER, E2E_QUEUES (comma list, first is the default), E2E_CONF (JSON of
-extra Celery settings), E2E_KEY (the Redis list events go to), E2E_OBSERVE.
+extra Celery settings), E2E_KEY (the Redis list events go to), E2E_OBSERVE;
+E2E_PROBED_EMPTY_FOR (seconds): how long the RabbitMQ claim passes trust a queue
+they proved empty (planning/known_ready.py), for a test that must not be saved by a probe.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
 )
 app.conf.update(json.loads(os.environ.get("E2E_CONF", "{}")))
+if "E2E_PROBED_EMPTY_FOR" in os.environ:
+    from celery_durable.planning import known_ready
+
+    known_ready.PROBED_EMPTY_FOR = float(os.environ["E2E_PROBED_EMPTY_FOR"])
 
 _observer: dict[int, Any] = {}
 

@@ -608,6 +608,10 @@ def test_stats_report_the_claim_state(connection, make_worker):
         "claim_pushing": None,
         "idle_wakes": 0,
         "idle_waiting_on": [b],  # a is at its slot; room is left for b
+        "claimed_by_watch": 0,  # the memory transport has no queue watch
+        "watch_given_back": 0,
+        "watch_credits": 0,
+        "watching": [],
         "leases": {},  # no task declares a fleet limit: no gate
         "limits_waited": 0,
         "limits_dropped": 0,
