@@ -40,7 +40,9 @@ def _client() -> Any:
     # One client per process: prefork children must not share the parent's socket.
     client = _observer.get(os.getpid())
     if client is None:
-        client = redis.Redis.from_url(os.environ.get("E2E_OBSERVE", "redis://127.0.0.1:6379/15"))
+        # No socket timeout: redis-py 8 reads with a 5 s one by default, which ended ``e2e.wait``'s BLPOP
+        # (its own timeout 60 s) with a TimeoutError whenever a test held the gate shut for over 5 s.
+        client = redis.Redis.from_url(os.environ.get("E2E_OBSERVE", "redis://127.0.0.1:6379/15"), socket_timeout=None)
         _observer[os.getpid()] = client
     return client
 
