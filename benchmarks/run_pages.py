@@ -35,8 +35,12 @@ from tests.stores import fresh_store
 WAL_HEADER, FRAME_HEADER = 32, 24
 
 
-def work(i: int) -> int:
-    return i + 1
+#: Characters in each step's result (``--result-bytes``); 0: the step returns an integer.
+RESULT_BYTES = 0
+
+
+def work(i: int) -> int | str:
+    return "x" * RESULT_BYTES + str(i) if RESULT_BYTES else i + 1
 
 
 def _app(kind: str, url: str) -> Any:
@@ -102,15 +106,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--warm", type=int, default=2000, help="runs made first, not counted")
+    parser.add_argument("--result-bytes", type=int, default=0, help="each step returns a string this long")
     parser.add_argument("--store", choices=("sqlite", "postgresql", "both"), default="both")
     args = parser.parse_args()
+    global RESULT_BYTES
+    RESULT_BYTES = args.result_bytes
+    results = f"step results of {RESULT_BYTES} characters" if RESULT_BYTES else "integer step results"
     with tempfile.TemporaryDirectory() as tmp:
         if args.store in ("sqlite", "both"):
             with fresh_store("sqlite", Path(tmp)) as url:
                 per_run, by_tree = sqlite_frames(url, args.runs, args.warm)
                 dispose_all()
             print(f"SQLite: {per_run:.2f} WAL frames (pages written) per new 3-step run, over {args.runs} runs "
-                  f"after {args.warm}")
+                  f"after {args.warm}; {results}")
             for name, count in by_tree.items():
                 print(f"  {name}: {count:.2f}")
         if args.store in ("postgresql", "both"):
@@ -118,7 +126,7 @@ def main() -> None:
                 per_run_bytes = postgresql_wal_bytes(url, args.runs, args.warm)
                 dispose_all()
             print(f"PostgreSQL: {per_run_bytes:.0f} WAL bytes per new 3-step run, over {args.runs} runs "
-                  f"after {args.warm}")
+                  f"after {args.warm}; {results}")
 
 
 if __name__ == "__main__":
