@@ -127,6 +127,6 @@ def test_migration_0013_adds_and_drops_its_table(store_url):
         command.downgrade(alembic_config(store_url, conn), "0012_broker_bindings")
         assert current_revision(conn) == "0012_broker_bindings"
         assert not sa.inspect(conn).has_table("durable_beat_schedule")
-        command.upgrade(alembic_config(store_url, conn), "head")
+        command.upgrade(alembic_config(store_url, conn), "0013_beat_schedule")
         assert current_revision(conn) == "0013_beat_schedule"
         assert sa.inspect(conn).has_table("durable_beat_schedule")
