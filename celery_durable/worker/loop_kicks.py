@@ -4,9 +4,9 @@ From another thread a kick goes through a self-pipe the hub polls: a byte
 written makes the poll return, and the callables queued run on the loop
 thread. From the loop thread itself most kicks need no byte: a run's result
 (prefork's result reader, an event callback) frees a slot while the hub
-handles a poll's events, and kombu's hub (5.7) runs what ``call_soon`` queued
+handles a poll's events, and kombu's hub (5.5 to 5.7) runs what ``call_soon`` queued
 at the top of its next round, before it polls again. Writing the pipe there
-cost a write, a wake-up and two reads per finished run (~0.75 a task on
+cost a write, a wake-up and two reads per finished run (0.7 to 1.0 a task on
 RabbitMQ, issue 28).
 
 ``call_soon`` alone is not enough: from the loop thread it never wakes the
