@@ -49,7 +49,8 @@ def settling(request: HostRequest) -> Iterator[None]:
 
 
 def on_prerun(sender: Any = None, task_id: Any = None, **_: Any) -> None:
-    # Celery before 5.7 sends task_success without the runtime: measured from here instead.
+    # Celery before 5.7 sends task_success without the runtime: measured from here instead (connected
+    # only there, ``worker/signals.py``).
     _local.started = (task_id, SYSTEM_CLOCK.monotonic())
 
 

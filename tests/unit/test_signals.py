@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 from celery import Celery, signals
 
@@ -50,3 +51,24 @@ def test_the_install_receivers_are_the_revoke_cancel_the_sent_stamp_and_the_expi
     assert revoked["celery_durable.task_revoked"] is on_task_revoked
     assert published["celery_durable.sent_stamp"] is stamp
     assert published["celery_durable.keep_expiry_in_headers"] is keep_expiry_in_headers
+
+
+def _outcome_receivers(signal: Any) -> list[str]:
+    return [key[0] for key, _ in signal.receivers if str(key[0]).startswith("celery_durable.task_outcomes.")]
+
+
+def test_task_prerun_gets_a_receiver_only_where_task_success_lacks_the_runtime(monkeypatch: Any) -> None:
+    """Celery's tracer sends task_prerun only if it has receivers: one the counts do not need costs each task."""
+    from celery_durable.worker import signals as durable_signals
+
+    monkeypatch.setattr(durable_signals, "success_carries_runtime", lambda: True, raising=False)
+    durable_signals.connect_task_outcomes()
+    assert _outcome_receivers(signals.task_prerun) == []
+    assert _outcome_receivers(signals.task_success) == ["celery_durable.task_outcomes.on_success"]
+
+    monkeypatch.setattr(durable_signals, "success_carries_runtime", lambda: False)
+    durable_signals.connect_task_outcomes()
+    try:
+        assert _outcome_receivers(signals.task_prerun) == ["celery_durable.task_outcomes.on_prerun"]
+    finally:
+        signals.task_prerun.disconnect(dispatch_uid="celery_durable.task_outcomes.on_prerun")
