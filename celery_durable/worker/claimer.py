@@ -420,10 +420,7 @@ class Claimer:
             watch.decided(message)
             # The rest of the room, and the queue the push came from, go to a pass after the hub's next
             # poll (as the idle wait's delivery: the pool writes the job just admitted on that poll).
-            if self._hub is not None:
-                self._hub.call_later(FOLLOW_UP_PASS_DELAY, self.kick)
-            else:
-                self.kick()
+            self._kick_after_next_poll()
             return
         self.watch_given_back += 1
         watch.give_back(message)
@@ -520,6 +517,10 @@ class Claimer:
         # pipe writable; a pass kicked now would run first and hold the job back by a claim round trip
         # (measured on the PostgreSQL broker's idle pickup). A timer due in a millisecond fires on the
         # round after that poll.
+        self._kick_after_next_poll()
+
+    def _kick_after_next_poll(self) -> None:
+        """A pass for the rest of the room once the hub has polled again (without a hub: now)."""
         if self._hub is not None:
             self._hub.call_later(FOLLOW_UP_PASS_DELAY, self.kick)
         else:

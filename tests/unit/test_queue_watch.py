@@ -119,12 +119,18 @@ def test_a_give_cancels_the_placeholder_consumer_before_putting_it_back_and_wait
     assert world.watch.give()
 
 
-def test_an_admitted_message_raises_the_credit_and_its_ack_lowers_it_first():
+def _pushed_one(queue: str = "q1") -> tuple[World, Any]:
+    """A watch holding the credit, given it, and pushed one message from ``queue``."""
     world = World()
     world.holding()
     world.give()
-    world.channel.push("q1")
+    world.channel.push(queue)
     _, message = world.delivered[0]
+    return world, message
+
+
+def test_an_admitted_message_raises_the_credit_and_its_ack_lowers_it_first():
+    world, message = _pushed_one()
     mark = len(world.channel.frames)
     world.watch.decided(message)
     assert world.channel.since(mark) == [("qos", 2)]  # room for the placeholder beside the run
@@ -136,11 +142,7 @@ def test_an_admitted_message_raises_the_credit_and_its_ack_lowers_it_first():
 
 
 def test_a_message_given_back_moves_no_credit_and_an_early_ack_during_admission_moves_none():
-    world = World()
-    world.holding()
-    world.give()
-    world.channel.push("q1")
-    _, message = world.delivered[0]
+    world, message = _pushed_one()
     mark = len(world.channel.frames)
     world.watch.give_back(message)
     assert world.channel.since(mark) == [("reject", message.delivery_tag)]
