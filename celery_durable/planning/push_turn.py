@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 
-def push_queue(order: Sequence[str], free: Mapping[str, int], room: int) -> str | None:
+def push_queue(order: Sequence[str], free: Mapping[str, int], room: int, serving: str | None = None) -> str | None:
     """The queue to consume push-style, or None for the rotated turn of ``basic.get`` asks.
 
     A queue is *open* while it has a free slot: one at its per-queue cap
@@ -13,10 +13,11 @@ def push_queue(order: Sequence[str], free: Mapping[str, int], room: int) -> str 
     has no turn to lose. With exactly one open queue every free slot can only
     go to it, and a push consumer with the credit set to the worker's room is
     exactly a claim. With two or more open the strict rotated turn decides.
-    A worker with no room has no queue open; None then says only "no switch":
-    the caller keeps the mode it is in (a full worker asks for nothing either way).
+    A worker with no room has no queue open, and no reason to switch: it keeps
+    the queue it is ``serving`` (None: the rotated turn), as a full worker asks
+    for nothing either way.
     """
     if room <= 0:
-        return None
+        return serving
     open_queues = [queue for queue in order if free.get(queue, 0) > 0]
     return open_queues[0] if len(open_queues) == 1 else None

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import threading
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery_durable.clock import Clock
-from celery_durable.compat.amqp_watch import accepts_global_qos
 from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.errors import InvariantBroken
 from celery_durable.limits.gate import LimitGate
@@ -18,15 +16,12 @@ from celery_durable.planning.claim_sweep import (
     next_ask,
     overdraw_after,
     overdrawn,
-    passed_over,
     record,
-    skip_to,
-    unanswered,
     waitable_queues,
 )
 from celery_durable.planning.known_empty import NOTHING_KNOWN, KnownEmpty, after_pass, notified, pass_order
+from celery_durable.planning.pass_replay import replay_pass
 from celery_durable.planning.push_turn import push_queue
-from celery_durable.planning.watch_turn import runs_now
 from celery_durable.worker.admission import Admitter
 from celery_durable.worker.claim_stats import ClaimStats
 from celery_durable.worker.fetchers import (
@@ -44,6 +39,7 @@ from celery_durable.worker.parking import parker_for
 from celery_durable.worker.probing import QueueProber
 from celery_durable.worker.push_consumer import PushConsumer, push_consumer_for
 from celery_durable.worker.queue_watch import QueueWatch, queue_watch_for
+from celery_durable.worker.watch_deliveries import ClaimDepth, WatchDeliveries
 
 #: Seconds between an idle wait's delivery and the pass that fills the rest of the room (see ``_idle_delivered``).
 FOLLOW_UP_PASS_DELAY = 0.001
@@ -108,20 +104,12 @@ class Claimer:
         self._prober: QueueProber | None = None
         self._push: PushConsumer | None = None
         self._may_push = push
-        #: RabbitMQ: the queues a pass proved empty are consumed, not probed again (worker/queue_watch.py).
-        self._watch: QueueWatch | None = None
+        #: RabbitMQ: the queues a pass proved empty are consumed, not probed again (worker/queue_watch.py);
+        #: what the watch is pushed is decided by worker/watch_deliveries.py, never inside a pass or an
+        #: admission (``_depth`` counts those on the stack).
+        self._watched: WatchDeliveries | None = None
         self._new_watch = new_watch
-        #: Queues the watch may not consume (quorum, stream: no global qos), by name.
-        self._unwatchable: set[str] = set()
-        #: Claim passes and admissions on the stack now. A watch delivery read meanwhile (any
-        #: synchronous read of the connection dispatches it: a pass's gets, the idle wait's cancel, a
-        #: strategy's confirm) waits in ``_watch_pending`` and is decided when the depth is back to 0:
-        #: decided inside, it would spend the room a pass already planned, or admit a run inside
-        #: another's admission.
-        self._depth = 0
-        self._watch_pending: deque[tuple[str, HostMessage]] = deque()
-        self.claimed_by_watch = 0
-        self.watch_given_back = 0
+        self._depth = ClaimDepth()
         self.passes = 0
         #: Messages admitted from claim passes, and from the idle any-queue wait.
         self.claimed_by_passes = 0
@@ -160,8 +148,10 @@ class Claimer:
         self._push = push_consumer_for(self._connection, channel, self._accept, self.held.room_for,
                                        self._push_delivered, self.held.holds,
                                        self.held.acked_as_it_ends) if self._may_push else None
-        self._watch = self._new_watch(self._connection, channel, self._accept, self._watch_delivered,
-                                      self._clock) if self._prober is not None else None
+        watch = self._new_watch(self._connection, channel, self._accept, self._watch_delivered,
+                                self._clock) if self._prober is not None else None
+        self._watched = (WatchDeliveries(self, watch, self._prober, self._depth)
+                         if watch is not None and self._prober is not None else None)
         self.running = True
         # The first pass (and the idle wait it arms) runs now, before the worker
         # says ready, as stock Celery's consume does: a kick would queue it
@@ -176,8 +166,8 @@ class Claimer:
             self._idle.cancel()
         if self._push is not None:
             self._push.stop()
-        if self._watch is not None:
-            self._watch.unwatch_all()
+        if self._watched is not None:
+            self._watched.watch.unwatch_all()
 
     def _send_acks(self) -> None:
         if self._ack_carrier is not None:  # the acks no pass carried (none ran, or it failed) go now
@@ -189,8 +179,8 @@ class Claimer:
             self._idle.close()
         if self._push is not None:
             self._push.close()
-        if self._watch is not None:
-            self._watch.close()
+        if self._watched is not None:
+            self._watched.watch.close()
 
     def queues_changed(self) -> None:
         """A queue was cancelled: the idle wait must not go on consuming what it was armed on.
@@ -203,21 +193,20 @@ class Claimer:
             self._idle.cancel()
         if self._push is not None:
             self._push.stop()
-        if self._watch is not None:
-            self._watch.unwatch_all()
-        self._unwatchable.clear()
+        if self._watched is not None:
+            self._watched.forget()
         self._known_empty = NOTHING_KNOWN
         if self._prober is not None:
             self._prober.forget()
         self.kick()
 
     def stats(self) -> ClaimStats:
-        idle, fetcher, push, watch = self._idle, self._fetcher, self._push, self._watch
+        idle, fetcher, push, watched = self._idle, self._fetcher, self._push, self._watched
         return ClaimStats(
-            claimed_by_watch=self.claimed_by_watch,
-            watch_given_back=self.watch_given_back,
-            watch_credits=watch.credits_given if watch is not None else 0,
-            watching=watch.watched() if watch is not None else frozenset(),
+            claimed_by_watch=watched.claimed if watched is not None else 0,
+            watch_given_back=watched.given_back if watched is not None else 0,
+            watch_credits=watched.watch.credits_given if watched is not None else 0,
+            watching=watched.watch.watched() if watched is not None else frozenset(),
             claimed_by_push=push.delivered if push is not None else 0,
             pushing=push.queue if push is not None else None,
             passes=self.passes,
@@ -245,11 +234,10 @@ class Claimer:
 
     # -- the pass --------------------------------------------------------------
     def run_pass(self) -> int:
-        self._depth += 1
         try:
-            return self._claim()
+            with self._depth:
+                return self._claim()
         finally:
-            self._depth -= 1
             self._send_acks()
             if self._gate is not None:
                 # The leases of runs that ended go back with the pass's take (one round
@@ -268,18 +256,19 @@ class Claimer:
         self._idle.cancel()
         # Runs whose ETA fell due while the worker was full go before new claims.
         self._before_pass()
-        queues, order = self._consumed_order()
+        queues, order = self.consumed_order()
         free = self.held.free_slots()  # every held queue's; a queue no longer consumed is left out
         if len(free) != len(order):
             free = {q: free[q] for q in order}
         room = self.held.room()
-        if self._push is not None and self._pushed(self._push, order, free, room):
-            return 0
+        if self._push is not None and self._push.follow(push_queue(order, free, room, self._push.queue)):
+            return 0  # the broker pushes this pass's room: one open queue
         # A pass that asks beyond its room must check each run against the slots as it admits it;
         # one that does not cannot take more than its room, and skips that bookkeeping.
         bounded = self._overdraw > 0 and room > 0
         free, room = overdrawn(free, room, self._overdraw)
-        watch = self._watch
+        watched = self._watched
+        watch = watched.watch if watched is not None else None
         if self._prober is not None and room > 0:
             order, free = self._prober.probed(order, self.cursor, free,
                                               watch.watched() if watch is not None else frozenset())
@@ -326,8 +315,8 @@ class Claimer:
             # (a row no notification announced). A full pass now, before any idle wait is armed.
             self._known_empty = NOTHING_KNOWN
             self.kick()
-        if watch is not None and self._prober is not None and self.claiming:
-            self._watch_proven_empty(watch, self._prober, queues)
+        if watched is not None and self.claiming:
+            watched.watch_proven_empty(queues)
         if self.claiming and self.held.room() > 0 and not self._kick_pending:
             # Every queue with a free slot gave less than it was asked for: wait
             # on all of them at once instead of polling. Not while a kick is
@@ -340,94 +329,33 @@ class Claimer:
             self._idle.arm({name: queues[name] for name in names if name in queues})
         return sweep.claimed
 
-    def _pushed(self, push: PushConsumer, order: Sequence[str], free: dict[str, int], room: int) -> bool:
-        """Whether the broker pushes this pass's room (one open queue); else back to the rotated turn."""
-        queue = push_queue(order, free, room)
-        if queue is None and room <= 0:
-            queue = push.queue  # a full worker has no queue open, and no reason to switch
-        if queue is None:
-            if push.queue is not None:
-                push.stop()
-            return False
-        push.serve(queue)
-        return True
-
     def _push_delivered(self, queue_name: str, message: HostMessage) -> None:
         self.cursor = queue_name
-        self._depth += 1
-        try:
+        with self._depth:
             # Bounded: a delivery the credit allowed before a slot went elsewhere (an ETA run fell due)
             # finds none, and goes back to the broker in place.
             self._admission.admit_all([(queue_name, message)], bounded=True)
-        finally:
-            self._depth -= 1
         self._decide_watched()
 
-    # -- the queue watch (RabbitMQ) ------------------------------------------------------
-    def _watch_proven_empty(self, watch: QueueWatch, prober: QueueProber, queues: Mapping[str, Any]) -> None:
-        """Watch the consumed queues this pass proved empty, but the ones that refuse a global qos."""
-        new = prober.proven_empty() - watch.watched()
-        if not new:
-            return
-        for name in new:
-            queue = queues.get(name)
-            if queue is not None and not accepts_global_qos(queue.queue_arguments):
-                self._unwatchable.add(name)
-        watchable = [name for name in new if name in queues and name not in self._unwatchable]
-        if watchable:  # a worker of quorum queues alone opens no watch channel
-            watch.watch(watchable)
-
+    # -- the queue watch (RabbitMQ): worker/watch_deliveries.py -------------------------
     def _watch_delivered(self, queue_name: str, message: HostMessage) -> None:
-        """The watch was pushed ``message``: decided now, or when no pass or admission is on the stack."""
-        self._watch_pending.append((queue_name, message))
-        self._decide_watched()
+        if self._watched is None:
+            raise InvariantBroken("a watch delivery reached a claimer with no queue watch")
+        self._watched.delivered(queue_name, message)
 
     def _decide_watched(self) -> None:
-        """Decide the watch's deliveries, in the order they came, if nothing else is deciding (depth 0).
+        if self._watched is not None:
+            self._watched.decide_waiting()
 
-        Inside a pass (or an admission) a delivery would spend room the pass already planned, and an
-        admission inside another would admit a run while the outer one's request is not yet bound.
-        """
-        if self._depth or not self._watch_pending:
-            return
-        self._depth += 1
-        try:
-            while self._watch_pending:
-                self._decide_one_watched(*self._watch_pending.popleft())
-        finally:
-            self._depth -= 1
+    @property
+    def admitting(self) -> bool:
+        return self.claiming and self.handler is not None
 
-    def _decide_one_watched(self, queue_name: str, message: HostMessage) -> None:
-        """Run a pushed message if the turn would have given it the slot (planning/watch_turn.py), else give it back.
+    def admit_bounded(self, queue_name: str, message: HostMessage) -> int:
+        admitted, _ = self._admission.admit_all([(queue_name, message)], bounded=True)
+        return admitted
 
-        Given back, it goes back in place with ``redelivered`` set (RabbitMQ sets it on every requeued
-        message); Celery copies it into the request's ``delivery_info``, and acts on it only under
-        ``worker_deduplicate_successful_tasks`` with late acks: one result-backend lookup, and the run goes
-        on (it never ran). Stock Celery sets the same flag on the prefetched messages a stopping worker
-        hands back. Either way the passes ask its queue in turn from now on.
-        """
-        watch, prober = self._watch, self._prober
-        if watch is None or prober is None:
-            raise InvariantBroken("a watch delivery reached a claimer with no queue watch")
-        prober.delivered(queue_name)
-        _, order = self._consumed_order()
-        if (self.claiming and self.handler is not None
-                and runs_now(queue_name, order, self.cursor, prober.holding_work(), self.held.free_slots(),
-                             self.held.room())):
-            self.cursor = queue_name
-            admitted, _ = self._admission.admit_all([(queue_name, message)], bounded=True)
-            self.claimed_by_watch += admitted
-            watch.decided(message)
-            # The rest of the room, and the queue the push came from, go to a pass after the hub's next
-            # poll (as the idle wait's delivery: the pool writes the job just admitted on that poll).
-            self._kick_after_next_poll()
-            return
-        self.watch_given_back += 1
-        watch.give_back(message)
-        if self.claiming:
-            self.kick()
-
-    def _consumed_order(self) -> tuple[dict[str, Any], Sequence[str]]:
+    def consumed_order(self) -> tuple[dict[str, Any], Sequence[str]]:
         """The consumed queues by name, and the held queues' order among them; rebuilt only when either
         changed (compared in C, object by object: a pass over 200 queues rebuilt them for ~20 us)."""
         consumed, held = self._queues(), self.held.queues()
@@ -445,34 +373,16 @@ class Claimer:
         went back to the broker for want of one. With a broker that notifies, records the queues the
         pass proved empty (asked, and gave less than asked).
         """
-        results = fetcher.claim_pass(sweep.to_ask, sweep.free, sweep.room)
-        unreadable = 0
-        taken: list[tuple[str, Any]] = []
         learning = self._notifying_fetcher is not None
-        emptied: list[str] = []
-        for result in results:
-            if learning:
-                emptied.extend(passed_over(sweep, result.queue))
-                if result.taken < result.count:
-                    emptied.append(result.queue)
-            # The broker reports only the asks that took messages; the ones
-            # between took nothing and leave the sweep as it was.
-            ask, sweep = next_ask(skip_to(sweep, result.queue))
-            if ask is None or (ask.queue, ask.count) != (result.queue, result.count):
-                raise InvariantBroken(f"the broker's claim pass asked {result.queue!r} for {result.count}, "
-                                      f"the planner {ask!r}")
-            sweep = record(sweep, ask, result.taken)
-            # A message already taken from the broker is admitted even if a stop
-            # came meanwhile: it is counted, and the drain hands it back.
-            taken.extend((result.queue, message) for message in result.messages)
-            unreadable += result.taken - len(result.messages)
+        replayed = replay_pass(sweep, fetcher.claim_pass(sweep.to_ask, sweep.free, sweep.room), learning=learning)
         if learning:
-            emptied.extend(unanswered(sweep))
             self._known_empty = after_pass(self._known_empty, full=full, now=self._clock.monotonic(),
-                                           emptied=emptied)
-        # Admitted together: the limit gate decides a pass's limited messages in one store transaction.
-        admitted, handed_back = self._admission.admit_all(taken, bounded)
-        return sweep, unreadable + len(taken) - admitted - handed_back, handed_back
+                                           emptied=replayed.emptied)
+        # A message already taken from the broker is admitted even if a stop came meanwhile: it is
+        # counted, and the drain hands it back. Admitted together: the limit gate decides a pass's
+        # limited messages in one store transaction.
+        admitted, handed_back = self._admission.admit_all(replayed.taken, bounded)
+        return replayed.sweep, replayed.unreadable + len(replayed.taken) - admitted - handed_back, handed_back
 
     def _fetch(self, fetcher: Fetcher, queue: Any, count: int, bounded: bool) -> tuple[int, int, int]:
         """(messages taken from the broker, of them admitted: now holding a slot, given back: no slot left)."""
@@ -495,8 +405,7 @@ class Claimer:
         """The idle wait took ``message`` itself (kombu's consumers): admit it, then plan the rest of the room."""
         self.cursor = queue_name
         self.claimed_by_idle_wait += 1
-        self._depth += 1
-        try:
+        with self._depth:
             # Admitted before the wait is cancelled (a synchronous round trip on
             # AMQP): the wait's channel has a prefetch of one, so nothing else
             # can arrive on it meanwhile. A watch delivery read by that cancel
@@ -506,20 +415,18 @@ class Claimer:
             # goes back in place. Unbounded, it ran beyond the cap (the counting e2e
             # test's third capacity run, claimed while two ran, under load). Elsewhere
             # unbounded as before: a Redis wait's BRPOP delivery has no in-place return.
-            self._admission.admit_all([(queue_name, message)], bounded=self._watch is not None)
+            self._admission.admit_all([(queue_name, message)], bounded=self._watched is not None)
             if self._idle is not None:
                 self._idle.cancel()
-        finally:
-            self._depth -= 1
         self._decide_watched()
         # One message woke us: fill the rest of the room with planned asks — after the hub's next poll.
         # Celery's pool writes the job just admitted to a child only when that poll finds the child's
         # pipe writable; a pass kicked now would run first and hold the job back by a claim round trip
         # (measured on the PostgreSQL broker's idle pickup). A timer due in a millisecond fires on the
         # round after that poll.
-        self._kick_after_next_poll()
+        self.kick_after_next_poll()
 
-    def _kick_after_next_poll(self) -> None:
+    def kick_after_next_poll(self) -> None:
         """A pass for the rest of the room once the hub has polled again (without a hub: now)."""
         if self._hub is not None:
             self._hub.call_later(FOLLOW_UP_PASS_DELAY, self.kick)

@@ -93,6 +93,15 @@ class PushConsumer:
             self._queue = queue
             self._sync()
 
+    def follow(self, queue: str | None) -> bool:
+        """Consume ``queue`` push-style (planning/push_turn.py), or with None go back to the turn; whether it pushes."""
+        if queue is None:
+            if self._queue is not None:
+                self.stop()
+            return False
+        self.serve(queue)
+        return True
+
     def stop(self) -> None:
         """Back to the rotated turn: cancel, handling here what the consumer was sent before the cancel."""
         with self._lock:

@@ -71,14 +71,18 @@ def test_a_deferred_copy_takes_over_when_the_live_holder_dies(durable_scenario, 
     s, url = durable_scenario("postgresql", broker_kind)
     settings = conf(url, durable_lease_ttl=2, durable_restore_interval=0.3,
                     broker_transport_options={"visibility_timeout": 600})
+    # The copy's worker consumes a queue of its own, and both start before the run does: started
+    # during the run's 6 s, a worker slow to boot under load (>5 s) met the run already finished.
+    s.by_name["copy"] = f"{s.by_name['q']}-copy"
+    s.queues.append(s.by_name["copy"])
     holder = s.worker(app=APP, conf=settings, concurrency=1).wait_ready()
+    other = s.worker(app=APP, conf=settings, concurrency=1, queues=["copy"]).wait_ready()
     run_id = s.send_task("q", "durable.long_steps", ["orphan", 6, 1.0])
     wait_for(lambda: effects(url, run_id).get("s0"), timeout=20, what="the first step to commit")
-    other = s.worker(app=APP, conf=settings, concurrency=1).wait_ready()
-    s.send_task("q", "durable.long_steps", ["orphan", 6, 1.0], task_id=run_id)
+    s.send_task("copy", "durable.long_steps", ["orphan", 6, 1.0], task_id=run_id)
     wait_for(lambda: "durable.run.deferred" in other.log(), timeout=20, what="the copy to be deferred")
-    # On Redis the holder's own message now waits out a 600 s visibility timeout: only the
-    # deferred copy can finish the run. On RabbitMQ both come back; one takes over.
+    # The holder's own message now waits in a queue no worker consumes (RabbitMQ) or out a 600 s
+    # visibility timeout (Redis): only the deferred copy can finish the run.
     holder.kill()
     wait_for(lambda: run_state(url, run_id) == "succeeded", timeout=60, what="the copy to finish the run")
     done = effects(url, run_id)
