@@ -115,6 +115,7 @@ def _by_state(states: Sequence[str]) -> list[sa.ColumnElement[bool]]:
     """The WHERE terms for runs in ``states``: through the state index unless succeeded runs are asked for."""
     return [runs.c.state.in_(list(states)), *([] if SUCCEEDED in states else [INDEXED_STATES])]
 
+
 def _require_supported(conn: Connection) -> None:
     if conn.dialect.name not in SUPPORTED_BACKENDS:
         raise NotImplementedError(f"celery_durable supports PostgreSQL and SQLite, not {conn.dialect.name}")
