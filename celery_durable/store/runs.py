@@ -31,6 +31,7 @@ from celery_durable.store.schema import (
     RUNNING,
     SETTLED,
     SLEEPING,
+    SUCCEEDED,
     SUPPORTED_BACKENDS,
     runs,
     steps,
@@ -105,6 +106,16 @@ def _settle_statement() -> sa.Update:
 
 _SETTLE = DriverStatement(_settle_statement())
 
+#: The condition of ``ix_durable_runs_state`` (``schema.INDEXED_STATES_SQL``) as a clause: a read by state
+#: names it, or SQLite scans the table. A literal, not a bind: the index's condition has the literal.
+INDEXED_STATES = runs.c.state != sa.literal_column(f"'{SUCCEEDED}'")
+
+
+def _by_state(states: Sequence[str]) -> list[sa.ColumnElement[bool]]:
+    """The WHERE terms for runs in ``states``: through the state index unless succeeded runs are asked for."""
+    return [runs.c.state.in_(list(states)), *([] if SUCCEEDED in states else [INDEXED_STATES])]
+
+
 def _require_supported(conn: Connection) -> None:
     if conn.dialect.name not in SUPPORTED_BACKENDS:
         raise NotImplementedError(f"celery_durable supports PostgreSQL and SQLite, not {conn.dialect.name}")
@@ -178,10 +189,11 @@ def stranded(conn: Connection, before: datetime, resend_before: datetime, limit:
     message (a re-send, a store wait) before ``resend_before`` that never came;
     a ``sleeping`` run whose wake-up was due before ``before``.
     """
-    lapsed = sa.and_(runs.c.state == RUNNING, runs.c.lease_holder.is_not(None),
+    # The index's condition in each branch of the OR: SQLite weighs an index for each branch alone.
+    lapsed = sa.and_(runs.c.state == RUNNING, INDEXED_STATES, runs.c.lease_holder.is_not(None),
                      sa.or_(runs.c.lease_expires_at < before,
                             sa.and_(runs.c.lease_expires_at.is_(None), runs.c.updated_at < resend_before)))
-    overdue = sa.and_(runs.c.state == SLEEPING, runs.c.wake_at < before)
+    overdue = sa.and_(runs.c.state == SLEEPING, INDEXED_STATES, runs.c.wake_at < before)
     query = sa.select(runs).where(sa.or_(lapsed, overdue)).order_by(runs.c.updated_at).limit(limit)
     if conn.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
@@ -324,10 +336,14 @@ def reopen(conn: Connection, run_id: str, at: datetime) -> bool:
 
 def listed(conn: Connection, *, states: Sequence[str] = (), task: str | None = None,
            since: datetime | None = None, limit: int = 50) -> list[Run]:
-    """Runs, most recently updated first, filtered by state, task name and last update."""
+    """Runs, most recently updated first, filtered by state, task name and last update.
+
+    Succeeded runs are not in the state index: a listing that asks for them reads the table, as an
+    unfiltered listing does.
+    """
     query = sa.select(runs)
     if states:
-        query = query.where(runs.c.state.in_(list(states)))
+        query = query.where(*_by_state(states))
     if task is not None:
         query = query.where(runs.c.task_name == task)
     if since is not None:
@@ -338,19 +354,33 @@ def listed(conn: Connection, *, states: Sequence[str] = (), task: str | None = N
 
 def sleeping(conn: Connection, limit: int) -> list[Run]:
     """Runs waiting for a time (a durable sleep), the soonest wake-up first."""
-    query = sa.select(runs).where(runs.c.state == SLEEPING).order_by(runs.c.wake_at, runs.c.id).limit(limit)
+    query = (sa.select(runs).where(runs.c.state == SLEEPING, INDEXED_STATES).order_by(runs.c.wake_at, runs.c.id)
+             .limit(limit))
     return [Run(**row._mapping) for row in conn.execute(query)]
 
 
 def count_by_state(conn: Connection) -> dict[str, int]:
-    """Runs in the store per state."""
-    rows = conn.execute(sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state))
-    return {state: int(count) for state, count in rows}
+    """Runs in the store per state.
+
+    The state index leaves out succeeded runs: they are counted as every run less the others, in one
+    statement (one snapshot), from the index of the others and the smallest index of all runs.
+    """
+    others = sa.select(runs.c.state, sa.func.count()).where(INDEXED_STATES).group_by(runs.c.state)
+    every = sa.select(sa.literal(None, sa.String), sa.func.count()).select_from(runs)
+    counts: dict[str, int] = {}
+    total = 0
+    for state, count in conn.execute(sa.union_all(others, every)):
+        if state is None:
+            total = int(count)
+        else:
+            counts[state] = int(count)
+    succeeded = total - sum(counts.values())
+    return {**counts, SUCCEEDED: succeeded} if succeeded else counts
 
 
 def dead_by_queue(conn: Connection) -> dict[str, int]:
     """Dead runs per queue they were claimed from ("" for a run whose queue is not known)."""
-    rows = conn.execute(sa.select(runs.c.queue, sa.func.count()).where(runs.c.state == DEAD)
+    rows = conn.execute(sa.select(runs.c.queue, sa.func.count()).where(runs.c.state == DEAD, INDEXED_STATES)
                         .group_by(runs.c.queue))
     return {queue or "": int(count) for queue, count in rows}
 
@@ -364,8 +394,12 @@ def steps_of(conn: Connection, run_id: str) -> list[tuple[str, int, int, datetim
 
 
 def purge_settled(conn: Connection, before: datetime, states: Sequence[str], batch: int) -> int:
-    """Delete up to ``batch`` runs in ``states`` finished before ``before`` (their steps go with them)."""
-    chosen = (sa.select(runs.c.id).where(runs.c.state.in_(list(states)), runs.c.finished_at.is_not(None),
+    """Delete up to ``batch`` runs in ``states`` finished before ``before`` (their steps go with them).
+
+    Through the finished-at index (succeeded runs are not in the state index), or the state index for
+    states without ``succeeded``.
+    """
+    chosen = (sa.select(runs.c.id).where(*_by_state(states), runs.c.finished_at.is_not(None),
                                          runs.c.finished_at < before).limit(batch))
     ids = [run_id for (run_id,) in conn.execute(chosen)]
     if not ids:
