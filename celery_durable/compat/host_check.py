@@ -95,6 +95,11 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
              "Channel.send_method", "Channel.wait", "Channel._on_get_ok", "Channel._basic_publish"),
     *_points("compat.amqp", "amqp.spec", "Basic.Get", "Basic.GetOk", "Basic.GetEmpty", "Queue.Declare",
              "Queue.DeclareOk"),
+    # Also sets read_frame on the transport instance, and relies on Hub.on_tick (a hub's, made in Hub.reset):
+    # both pinned by tests/integration/test_amqp_cork.py.
+    *_points("compat.amqp_cork", "amqp.connection", "Connection.frame_writer"),
+    *_points("compat.amqp_cork", "amqp.method_framing", "frame_writer"),
+    *_points("compat.amqp_cork", "amqp.transport", "_AbstractTransport.read_frame", "_AbstractTransport.write"),
 )
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery_durable.clock import Clock
+from celery_durable.compat.amqp_cork import FrameCork, cork_for
 from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.errors import InvariantBroken
 from celery_durable.limits.gate import LimitGate
@@ -92,6 +93,8 @@ class Claimer:
         self._pass_fetcher: PassFetcher | None = None
         self._notifying_fetcher: NotifyingFetcher | None = None
         self._ack_carrier: AckCarrier | None = None
+        #: RabbitMQ: the loop's frames of one hub round leave in one write (an early ack with the next get).
+        self._cork: FrameCork | None = None
         #: Queues a pass may leave out (planning/known_empty.py); only with a broker that notifies.
         self._known_empty: KnownEmpty = NOTHING_KNOWN
         # The last pass's consumed queues and order (``_consumed_order``).
@@ -128,6 +131,7 @@ class Claimer:
 
     def start(self) -> None:
         channel = self._connection.channel()
+        self._cork = cork_for(self._connection, self._hub)
         self._fetcher = self._new_fetcher(channel, self._accept)
         # What the fetcher can do is asked once: an isinstance against a
         # runtime-checkable protocol walks its members (~3 % of a pass).
@@ -162,6 +166,9 @@ class Claimer:
         """Stop claiming now: a pass checks this between two asks."""
         self.running = False
         self._send_acks()
+        cork, self._cork = self._cork, None
+        if cork is not None:  # the hub may not poll again: nothing may stay held
+            cork.close()
         if self._idle is not None:
             self._idle.cancel()
         if self._push is not None:
