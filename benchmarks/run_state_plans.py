@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from celery_durable.store import runs
+from celery_durable.store import run_reads, runs
 from celery_durable.store.engine import dispose_all, engine_for, ensure_schema
 from celery_durable.store.schema import (
     CANCELLED,
@@ -79,13 +79,13 @@ def _reads(count: int) -> list[tuple[str, Callable[[Connection], Any]]]:
     return [
         ("stranded", lambda c: runs.stranded(c, late + timedelta(hours=2), late, 100)),
         ("sleeping", lambda c: runs.sleeping(c, 50)),
-        ("count_by_state", runs.count_by_state),
-        ("dead_by_queue", runs.dead_by_queue),
-        ("listed (no filter)", lambda c: runs.listed(c, limit=50)),
-        ("listed [dead]", lambda c: runs.listed(c, states=[DEAD], limit=50)),
-        ("listed [running, sleeping]", lambda c: runs.listed(c, states=[RUNNING, SLEEPING], limit=50)),
-        ("listed [succeeded]", lambda c: runs.listed(c, states=[SUCCEEDED], limit=50)),
-        ("listed [succeeded] since 1 min", lambda c: runs.listed(c, states=[SUCCEEDED], since=late - timedelta(
+        ("count_by_state", run_reads.count_by_state),
+        ("dead_by_queue", run_reads.dead_by_queue),
+        ("listed (no filter)", lambda c: run_reads.listed(c, limit=50)),
+        ("listed [dead]", lambda c: run_reads.listed(c, states=[DEAD], limit=50)),
+        ("listed [running, sleeping]", lambda c: run_reads.listed(c, states=[RUNNING, SLEEPING], limit=50)),
+        ("listed [succeeded]", lambda c: run_reads.listed(c, states=[SUCCEEDED], limit=50)),
+        ("listed [succeeded] since 1 min", lambda c: run_reads.listed(c, states=[SUCCEEDED], since=late - timedelta(
             minutes=1), limit=50)),
         ("renew", lambda c: runs.renew(c, {_row(0)["id"]: "tok-0"}, 60)),
         ("reopen (a dead run)", lambda c: runs.reopen(c, _row(9)["id"], late)),

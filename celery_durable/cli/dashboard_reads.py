@@ -33,6 +33,7 @@ def read_panels(conn: Connection, app: Any, config: DurableConfig) -> dict[str, 
     from celery_durable.clock import SYSTEM_CLOCK
     from celery_durable.planning.outbox import FLAG_AFTER
     from celery_durable.store import outbox as store_outbox
+    from celery_durable.store import run_reads
     from celery_durable.store import runs as store_runs
     from celery_durable.store.clock import store_now
     from celery_durable.store.schema import DEAD
@@ -52,7 +53,7 @@ def read_panels(conn: Connection, app: Any, config: DurableConfig) -> dict[str, 
                                           FLAG_AFTER)
     found["dead_runs"] = [{"id": run.id, "task": run.task_name, "queue": run.queue, "attempts": run.attempts,
                            "updated_at": run.updated_at.isoformat(), "last_error": run.last_error}
-                          for run in store_runs.listed(conn, states=[DEAD], limit=DEAD_RUNS_SHOWN)]
+                          for run in run_reads.listed(conn, states=[DEAD], limit=DEAD_RUNS_SHOWN)]
     found["problems"] = found["read_problems"] + panels.problems(found)
     return found
 

@@ -82,12 +82,12 @@ def _run_row(run: Any) -> dict[str, Any]:
 def runs_list(ctx: click.Context, states: tuple[str, ...], task: str | None, since: str | None, limit: int,
               as_json: bool) -> None:
     """Runs, most recently updated first."""
-    from celery_durable.store import runs as store_runs
+    from celery_durable.store import run_reads
 
     seconds = _duration(since, "--since")
     with _store(ctx) as (_, conn):
         after = SYSTEM_CLOCK.now() - timedelta(seconds=seconds) if seconds is not None else None
-        found = store_runs.listed(conn, states=states, task=task, since=after, limit=limit)
+        found = run_reads.listed(conn, states=states, task=task, since=after, limit=limit)
     rows = [_run_row(run) for run in found]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -116,11 +116,12 @@ def runs_table(rows: list[dict[str, Any]]) -> list[str]:
 @click.pass_context
 def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
     """One run: its state, arguments, outcome and each step (its result's size, when it was taken)."""
+    from celery_durable.store import run_reads
     from celery_durable.store import runs as store_runs
 
     with _store(ctx) as (_, conn):
         run = store_runs.get(conn, run_id)
-        steps = store_runs.steps_of(conn, run_id) if run is not None else []
+        steps = run_reads.steps_of(conn, run_id) if run is not None else []
     if run is None:
         raise RunRefused(f"no durable run has id {run_id!r}")
     shown = {**_run_row(run), "args": run.args, "kwargs": run.kwargs, "result": run.result,
@@ -145,7 +146,7 @@ def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
 def runs_requeue(ctx: click.Context, run_id: str | None, all_dead: bool, task: str | None) -> None:
     """Send a dead run again (same id, its completed steps kept), or every dead run."""
     from celery_durable.errors import RunNotDead, RunNotFound
-    from celery_durable.store import runs as store_runs
+    from celery_durable.store import run_reads
     from celery_durable.tasks import runs as run_actions
 
     if (run_id is None) == (not all_dead):
@@ -155,7 +156,7 @@ def runs_requeue(ctx: click.Context, run_id: str | None, all_dead: bool, task: s
     app = ctx.find_root().obj.app
     if all_dead:
         with _store(ctx) as (_, conn):
-            ids = [run.id for run in store_runs.listed(conn, states=[DEAD], task=task, limit=1_000_000)]
+            ids = [run.id for run in run_reads.listed(conn, states=[DEAD], task=task, limit=1_000_000)]
     else:
         assert run_id is not None
         ids = [run_id]

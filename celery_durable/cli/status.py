@@ -63,13 +63,13 @@ def read_queues(app: Any, names: list[str], dead: dict[str, int]) -> list[QueueV
 def read_store(url: str, snapshot: FleetSnapshot) -> dict[str, int]:
     """Runs by state and the outbox backlog into ``snapshot``; returns dead runs per queue."""
     from celery_durable.store import outbox as store_outbox
-    from celery_durable.store import runs as store_runs
+    from celery_durable.store import run_reads
     from celery_durable.store.engine import ensure_schema, unavailable_as_error
 
     with unavailable_as_error(url), ensure_schema(url).connect() as conn:
-        snapshot.runs_by_state = store_runs.count_by_state(conn)
+        snapshot.runs_by_state = run_reads.count_by_state(conn)
         snapshot.outbox_backlog, oldest = store_outbox.backlog(conn)
-        dead = store_runs.dead_by_queue(conn)
+        dead = run_reads.dead_by_queue(conn)
     if oldest is not None:
         snapshot.outbox_oldest_seconds = max(0.0, (datetime.now(timezone.utc) - oldest).total_seconds())
     return dead

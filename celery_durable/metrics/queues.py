@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 from celery_durable.compat.queue_probe import QueueProbe, probe
 from celery_durable.metrics.registry import REGISTRY
 from celery_durable.planning.queue_age import oldest_ready_seconds
-from celery_durable.store import runs as run_store
+from celery_durable.store import run_reads
 from celery_durable.store.engine import autocommit, engine_for, store_exists
 from celery_durable.store.unreachable import is_unreachable
 
@@ -78,7 +78,7 @@ class QueueWatch:
             return {}
         try:
             with autocommit(engine_for(self.store_url)).connect() as conn:
-                return run_store.dead_by_queue(conn)
+                return run_reads.dead_by_queue(conn)
         except Exception as err:  # the store is down: no dead-run sample this scrape
             # An outage is told once by the parts that run against the store, not at every scrape.
             level = logging.DEBUG if is_unreachable(err) else logging.WARNING

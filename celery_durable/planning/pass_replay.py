@@ -11,8 +11,7 @@ broker that notifies needs to know afterwards: the queues the pass proved empty.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from celery_durable.errors import InvariantBroken
 from celery_durable.planning.claim_sweep import Sweep, next_ask, passed_over, record, skip_to, unanswered
@@ -34,9 +33,12 @@ class AskAnswer(Protocol):
     def messages(self) -> list[Any]: ...
 
 
-@dataclass(frozen=True)
-class Replayed:
-    """The sweep after the pass, the messages to admit by queue, and what the pass learnt."""
+class Replayed(NamedTuple):
+    """The sweep after the pass, the messages to admit by queue, and what the pass learnt.
+
+    A tuple, not a frozen dataclass: one is made on every pass a broker runs whole (Redis, the rows
+    brokers), and a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``.
+    """
 
     sweep: Sweep
     taken: list[tuple[str, Any]]

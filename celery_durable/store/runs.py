@@ -1,5 +1,6 @@
 """SQL for durable runs: start an attempt under a lease (or find why not), renew, hand off, settle, cancel,
-reopen; and the operator's reads and purge.
+reopen; recovery's and the sleepers' reads, and the purge. The operator's and the gauges' reads (listings,
+counts, a run's steps) are store/run_reads.py's.
 
 The run lease: an attempt executing a run holds it (``lease_holder`` = the
 attempt's token, ``lease_expires_at`` renewed by its process's heartbeat). A
@@ -28,11 +29,12 @@ from celery_durable.store.schema import (
     CANCELLED,
     DEAD,
     FAILED,
+    INDEXED_STATES,
     RUNNING,
     SETTLED,
     SLEEPING,
-    SUCCEEDED,
     SUPPORTED_BACKENDS,
+    by_state,
     runs,
     steps,
 )
@@ -105,16 +107,6 @@ def _settle_statement() -> sa.Update:
 
 
 _SETTLE = DriverStatement(_settle_statement())
-
-#: The condition of ``ix_durable_runs_state`` (``schema.INDEXED_STATES_SQL``) as a clause: a read by state
-#: names it, or SQLite scans the table. A literal, not a bind: the index's condition has the literal.
-INDEXED_STATES = runs.c.state != sa.literal_column(f"'{SUCCEEDED}'")
-
-
-def _by_state(states: Sequence[str]) -> list[sa.ColumnElement[bool]]:
-    """The WHERE terms for runs in ``states``: through the state index unless succeeded runs are asked for."""
-    return [runs.c.state.in_(list(states)), *([] if SUCCEEDED in states else [INDEXED_STATES])]
-
 
 def _require_supported(conn: Connection) -> None:
     if conn.dialect.name not in SUPPORTED_BACKENDS:
@@ -334,63 +326,11 @@ def reopen(conn: Connection, run_id: str, at: datetime) -> bool:
     return bool(result.rowcount == 1)
 
 
-def listed(conn: Connection, *, states: Sequence[str] = (), task: str | None = None,
-           since: datetime | None = None, limit: int = 50) -> list[Run]:
-    """Runs, most recently updated first, filtered by state, task name and last update.
-
-    Succeeded runs are not in the state index: a listing that asks for them reads the table, as an
-    unfiltered listing does.
-    """
-    query = sa.select(runs)
-    if states:
-        query = query.where(*_by_state(states))
-    if task is not None:
-        query = query.where(runs.c.task_name == task)
-    if since is not None:
-        query = query.where(runs.c.updated_at >= since)
-    rows = conn.execute(query.order_by(runs.c.updated_at.desc(), runs.c.id).limit(limit))
-    return [Run(**row._mapping) for row in rows]
-
-
 def sleeping(conn: Connection, limit: int) -> list[Run]:
     """Runs waiting for a time (a durable sleep), the soonest wake-up first."""
     query = (sa.select(runs).where(runs.c.state == SLEEPING, INDEXED_STATES).order_by(runs.c.wake_at, runs.c.id)
              .limit(limit))
     return [Run(**row._mapping) for row in conn.execute(query)]
-
-
-def count_by_state(conn: Connection) -> dict[str, int]:
-    """Runs in the store per state.
-
-    The state index leaves out succeeded runs: they are counted as every run less the others, in one
-    statement (one snapshot), from the index of the others and the smallest index of all runs.
-    """
-    others = sa.select(runs.c.state, sa.func.count()).where(INDEXED_STATES).group_by(runs.c.state)
-    every = sa.select(sa.literal(None, sa.String), sa.func.count()).select_from(runs)
-    counts: dict[str, int] = {}
-    total = 0
-    for state, count in conn.execute(sa.union_all(others, every)):
-        if state is None:
-            total = int(count)
-        else:
-            counts[state] = int(count)
-    succeeded = total - sum(counts.values())
-    return {**counts, SUCCEEDED: succeeded} if succeeded else counts
-
-
-def dead_by_queue(conn: Connection) -> dict[str, int]:
-    """Dead runs per queue they were claimed from ("" for a run whose queue is not known)."""
-    rows = conn.execute(sa.select(runs.c.queue, sa.func.count()).where(runs.c.state == DEAD, INDEXED_STATES)
-                        .group_by(runs.c.queue))
-    return {queue or "": int(count) for queue, count in rows}
-
-
-def steps_of(conn: Connection, run_id: str) -> list[tuple[str, int, int, datetime]]:
-    """A run's checkpoints in the order they were taken: (name, occurrence, result size in bytes, taken at)."""
-    rows = conn.execute(sa.select(steps.c.name, steps.c.occurrence, sa.func.length(steps.c.result),
-                                  steps.c.created_at).where(steps.c.run_id == run_id)
-                        .order_by(steps.c.created_at, steps.c.name, steps.c.occurrence))
-    return [(name, int(occurrence), int(size or 0), taken) for name, occurrence, size, taken in rows]
 
 
 def purge_settled(conn: Connection, before: datetime, states: Sequence[str], batch: int) -> int:
@@ -399,7 +339,7 @@ def purge_settled(conn: Connection, before: datetime, states: Sequence[str], bat
     Through the finished-at index (succeeded runs are not in the state index), or the state index for
     states without ``succeeded``.
     """
-    chosen = (sa.select(runs.c.id).where(*_by_state(states), runs.c.finished_at.is_not(None),
+    chosen = (sa.select(runs.c.id).where(*by_state(states), runs.c.finished_at.is_not(None),
                                          runs.c.finished_at < before).limit(batch))
     ids = [run_id for (run_id,) in conn.execute(chosen)]
     if not ids:

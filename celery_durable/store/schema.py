@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -99,6 +100,16 @@ runs = sa.Table(
     sa.Index("ix_durable_runs_finished_at", "finished_at", sqlite_where=sa.text("finished_at IS NOT NULL"),
              postgresql_where=sa.text("finished_at IS NOT NULL")),
 )
+
+
+#: ``INDEXED_STATES_SQL`` as a clause: a read by state names it, or SQLite scans the table. A literal, not a
+#: bind: the index's condition has the literal.
+INDEXED_STATES = runs.c.state != sa.literal_column(f"'{SUCCEEDED}'")
+
+
+def by_state(states: Sequence[str]) -> list[sa.ColumnElement[bool]]:
+    """The WHERE terms for runs in ``states``: through the state index unless succeeded runs are asked for."""
+    return [runs.c.state.in_(list(states)), *([] if SUCCEEDED in states else [INDEXED_STATES])]
 
 steps = sa.Table(
     "durable_steps",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +24,7 @@ from celery_durable.planning.pass_replay import replay_pass
 from celery_durable.planning.push_turn import push_queue
 from celery_durable.worker.admission import Admitter
 from celery_durable.worker.claim_stats import ClaimStats
+from celery_durable.worker.consumed_order import ConsumedOrder
 from celery_durable.worker.fetchers import (
     AckCarrier,
     Fetcher,
@@ -37,13 +37,11 @@ from celery_durable.worker.fetchers import (
 from celery_durable.worker.held_runs import HeldRuns
 from celery_durable.worker.idle_wait import IdleWait, idle_wait_for
 from celery_durable.worker.parking import parker_for
+from celery_durable.worker.pass_kicks import PassKicks
 from celery_durable.worker.probing import QueueProber
 from celery_durable.worker.push_consumer import PushConsumer, push_consumer_for
 from celery_durable.worker.queue_watch import QueueWatch, queue_watch_for
 from celery_durable.worker.watch_deliveries import ClaimDepth, WatchDeliveries
-
-#: Seconds between an idle wait's delivery and the pass that fills the rest of the room (see ``_idle_delivered``).
-FOLLOW_UP_PASS_DELAY = 0.001
 
 
 class Claimer:
@@ -76,7 +74,6 @@ class Claimer:
         self._queues = queues
         self.held = held
         self._accept = accept
-        self._schedule = schedule
         self._clock = clock
         self._stop_requested = stop_requested
         self._before_pass = before_pass
@@ -84,8 +81,10 @@ class Claimer:
         self.handler: Callable[[Any], Any] | None = None
         self.cursor: str | None = None
         self.running = False
-        self._kick_pending = False
-        self._kick_lock = threading.Lock()
+        self._kicks = PassKicks(schedule, self.run_pass, hub)
+        #: Ask for a pass soon, from any thread; many kicks before it runs make one pass.
+        self.kick = self._kicks.kick
+        self.kick_after_next_poll = self._kicks.after_next_poll
         self._admission = Admitter(held=held, gate=gate, handle=self._handle, clock=clock)
         self._gate = gate
         # Chosen at start, from the claim channel's transport.
@@ -97,11 +96,7 @@ class Claimer:
         self._cork: FrameCork | None = None
         #: Queues a pass may leave out (planning/known_empty.py); only with a broker that notifies.
         self._known_empty: KnownEmpty = NOTHING_KNOWN
-        # The last pass's consumed queues and order (``_consumed_order``).
-        self._consumed: Sequence[Any] = ()
-        self._held_queues: tuple[str, ...] = ()
-        self._queue_map: dict[str, Any] = {}
-        self._order: tuple[str, ...] = ()
+        self._consumed_order = ConsumedOrder(queues, held.queues)
         self._idle: IdleWait | None = None
         #: What a probing fetcher's passes know of each queue's ready messages (RabbitMQ).
         self._prober: QueueProber | None = None
@@ -143,7 +138,7 @@ class Claimer:
         if self._ack_carrier is not None:
             # A finished run's late ack comes a hub round after its result, and the kick its freed
             # slot made: the pass that kick runs carries it (while claiming; a stop sends it at once).
-            self._ack_carrier.carry_acks(lambda: self._kick_pending and self.claiming)
+            self._ack_carrier.carry_acks(lambda: self._kicks.pending and self.claiming)
         self._known_empty = NOTHING_KNOWN
         self._admission.parker = parker_for(self._connection, channel)
         self._may_overdraw = gives_back_in_place(channel)
@@ -160,7 +155,7 @@ class Claimer:
         # The first pass (and the idle wait it arms) runs now, before the worker
         # says ready, as stock Celery's consume does: a kick would queue it
         # beside asynloop's blocking 100 ms AMQP drain, which may go first.
-        self._kicked()
+        self._kicks.kicked()
 
     def stop(self) -> None:
         """Stop claiming now: a pass checks this between two asks."""
@@ -224,20 +219,6 @@ class Claimer:
             round_trips=fetcher.round_trips if fetcher is not None else 0,
             handed_back=self._admission.handed_back,
         )
-
-    # -- wake-ups ------------------------------------------------------------
-    def kick(self) -> None:
-        """Ask for a pass soon; many kicks before it runs make one pass."""
-        with self._kick_lock:
-            if self._kick_pending:
-                return
-            self._kick_pending = True
-        self._schedule(self._kicked)
-
-    def _kicked(self) -> None:
-        with self._kick_lock:
-            self._kick_pending = False
-        self.run_pass()
 
     # -- the pass --------------------------------------------------------------
     def run_pass(self) -> int:
@@ -324,7 +305,7 @@ class Claimer:
             self.kick()
         if watched is not None and self.claiming:
             watched.watch_proven_empty(queues)
-        if self.claiming and self.held.room() > 0 and not self._kick_pending:
+        if self.claiming and self.held.room() > 0 and not self._kicks.pending:
             # Every queue with a free slot gave less than it was asked for: wait
             # on all of them at once instead of polling. Not while a kick is
             # pending (runs finished during the pass): that pass re-plans, and
@@ -363,14 +344,7 @@ class Claimer:
         return admitted
 
     def consumed_order(self) -> tuple[dict[str, Any], Sequence[str]]:
-        """The consumed queues by name, and the held queues' order among them; rebuilt only when either
-        changed (compared in C, object by object: a pass over 200 queues rebuilt them for ~20 us)."""
-        consumed, held = self._queues(), self.held.queues()
-        if consumed != self._consumed or held != self._held_queues:
-            self._consumed, self._held_queues = consumed, held
-            self._queue_map = {queue.name: queue for queue in consumed}
-            self._order = tuple(name for name in held if name in self._queue_map)
-        return self._queue_map, self._order
+        return self._consumed_order.read()
 
     def _run_whole_pass(self, fetcher: PassFetcher, sweep: Sweep, bounded: bool,
                         full: bool) -> tuple[Sweep, int, int]:
@@ -413,29 +387,14 @@ class Claimer:
         self.cursor = queue_name
         self.claimed_by_idle_wait += 1
         with self._depth:
-            # Admitted before the wait is cancelled (a synchronous round trip on
-            # AMQP): the wait's channel has a prefetch of one, so nothing else
-            # can arrive on it meanwhile. A watch delivery read by that cancel
-            # waits until both are done. Bounded where the queue watch runs: the
-            # wait was armed for the room a pass left, and the watch may have spent
-            # it since (a delivery it admitted outside any pass); the message then
-            # goes back in place. Unbounded, it ran beyond the cap (the counting e2e
-            # test's third capacity run, claimed while two ran, under load). Elsewhere
-            # unbounded as before: a Redis wait's BRPOP delivery has no in-place return.
+            # Admitted before the wait is cancelled (a synchronous round trip on AMQP): the wait's channel has a
+            # prefetch of one, so nothing else arrives on it meanwhile; a watch delivery that cancel reads waits
+            # until both are done. Bounded where the queue watch runs: the watch may have spent the room the wait
+            # was armed for (unbounded, a third run started at cap 2 under load), and the message goes back in
+            # place. Elsewhere unbounded: a Redis wait's BRPOP delivery has no in-place return.
             self._admission.admit_all([(queue_name, message)], bounded=self._watched is not None)
             if self._idle is not None:
                 self._idle.cancel()
         self._decide_watched()
-        # One message woke us: fill the rest of the room with planned asks — after the hub's next poll.
-        # Celery's pool writes the job just admitted to a child only when that poll finds the child's
-        # pipe writable; a pass kicked now would run first and hold the job back by a claim round trip
-        # (measured on the PostgreSQL broker's idle pickup). A timer due in a millisecond fires on the
-        # round after that poll.
+        # One message woke us: the rest of the room goes to planned asks, after the hub's next poll.
         self.kick_after_next_poll()
-
-    def kick_after_next_poll(self) -> None:
-        """A pass for the rest of the room once the hub has polled again (without a hub: now)."""
-        if self._hub is not None:
-            self._hub.call_later(FOLLOW_UP_PASS_DELAY, self.kick)
-        else:
-            self.kick()

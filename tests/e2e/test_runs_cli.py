@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.planning.checkpoints import StepKey
+from celery_durable.store import run_reads
 from celery_durable.store import runs as store_runs
 from celery_durable.store import steps as store_steps
 from celery_durable.store.engine import engine_for
@@ -82,7 +83,7 @@ def test_list_show_cancel_and_purge_on_a_real_store(durable_scenario, store_kind
     assert left == {"ok-new", "dead-old", "live"}, "a dead run is kept unless asked"
     assert _runs(s, url, "purge", "--older-than", "30d", "--include-dead").stdout.startswith("purged 1 run(s)")
     with engine_for(url).connect() as conn:
-        assert store_runs.steps_of(conn, "ok-old") == [], "a purged run's steps go with it"
+        assert run_reads.steps_of(conn, "ok-old") == [], "a purged run's steps go with it"
 
 
 @pytest.mark.parametrize("store_kind", ["postgresql", "sqlite"])

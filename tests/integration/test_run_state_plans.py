@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
-from celery_durable.store import runs
+from celery_durable.store import run_reads, runs
 from celery_durable.store.engine import engine_for, ensure_schema
 from celery_durable.store.schema import CANCELLED, DEAD, RUNNING, SLEEPING, SUCCEEDED
 from celery_durable.store.schema import runs as runs_table
@@ -28,10 +28,10 @@ STATE_INDEX, FINISHED_INDEX = "ix_durable_runs_state", "ix_durable_runs_finished
 READS: dict[str, tuple[Callable[[Connection], Any], str]] = {
     "recovery's stranded runs": (lambda c: runs.stranded(c, AT, AT, 10), STATE_INDEX),
     "sleeping runs (dashboard)": (lambda c: runs.sleeping(c, 10), STATE_INDEX),
-    "dead runs per queue (metrics, status)": (runs.dead_by_queue, STATE_INDEX),
-    "runs by state (status, dashboard)": (runs.count_by_state, STATE_INDEX),
-    "dead runs listed (dashboard, requeue --all)": (lambda c: runs.listed(c, states=[DEAD]), STATE_INDEX),
-    "live runs listed": (lambda c: runs.listed(c, states=[RUNNING, SLEEPING]), STATE_INDEX),
+    "dead runs per queue (metrics, status)": (run_reads.dead_by_queue, STATE_INDEX),
+    "runs by state (status, dashboard)": (run_reads.count_by_state, STATE_INDEX),
+    "dead runs listed (dashboard, requeue --all)": (lambda c: run_reads.listed(c, states=[DEAD]), STATE_INDEX),
+    "live runs listed": (lambda c: run_reads.listed(c, states=[RUNNING, SLEEPING]), STATE_INDEX),
     "retention of dead runs": (lambda c: runs.purge_settled(c, AT, [DEAD], 10), STATE_INDEX),
     "retention's default states": (lambda c: runs.purge_settled(c, AT, [SUCCEEDED, CANCELLED], 10), FINISHED_INDEX),
 }

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from celery_durable.planning.checkpoints import StepKey
-from celery_durable.store import attempts, runs, steps
+from celery_durable.store import attempts, run_reads, runs, steps
 from celery_durable.store.engine import alembic_config, current_revision, engine_for, migrate
 from celery_durable.store.schema import (
     CANCELLED,
@@ -84,14 +84,14 @@ def _ids(found: list[runs.Run]) -> set[str]:
 
 def _assert_reads_by_state(conn: Connection) -> None:
     """Every store read that names the state column finds what it did before the migration."""
-    assert runs.count_by_state(conn) == {SUCCEEDED: 2, RUNNING: 2, SLEEPING: 1, FAILED: 1, DEAD: 1, CANCELLED: 1}
-    assert _ids(runs.listed(conn, states=[SUCCEEDED])) == {"ok-1", "ok-2"}
-    assert _ids(runs.listed(conn, states=[SUCCEEDED, DEAD])) == {"ok-1", "ok-2", "grave"}
-    assert _ids(runs.listed(conn, states=[RUNNING, SLEEPING])) == {"live", "lapsed", "nap"}
-    assert _ids(runs.listed(conn, states=[DEAD])) == {"grave"}
-    assert len(runs.listed(conn)) == len(RUNS)
+    assert run_reads.count_by_state(conn) == {SUCCEEDED: 2, RUNNING: 2, SLEEPING: 1, FAILED: 1, DEAD: 1, CANCELLED: 1}
+    assert _ids(run_reads.listed(conn, states=[SUCCEEDED])) == {"ok-1", "ok-2"}
+    assert _ids(run_reads.listed(conn, states=[SUCCEEDED, DEAD])) == {"ok-1", "ok-2", "grave"}
+    assert _ids(run_reads.listed(conn, states=[RUNNING, SLEEPING])) == {"live", "lapsed", "nap"}
+    assert _ids(run_reads.listed(conn, states=[DEAD])) == {"grave"}
+    assert len(run_reads.listed(conn)) == len(RUNS)
     assert _ids(runs.sleeping(conn, 10)) == {"nap"}
-    assert runs.dead_by_queue(conn) == {"q": 1}
+    assert run_reads.dead_by_queue(conn) == {"q": 1}
     # Recovery: the running run whose lease lapsed and the sleeping run whose wake-up is overdue.
     assert _ids(runs.stranded(conn, AT + timedelta(minutes=1), AT, 10)) == {"lapsed", "nap"}
 
@@ -120,19 +120,19 @@ def test_a_store_at_0014_migrates_and_every_read_by_state_still_finds_its_runs(s
         started = attempts.start(conn, run_id="new", task_name="t.three", queue="q", args="[2]", kwargs="{}",
                                  token="tok-new", lease_seconds=60)
         assert started.started
-        assert runs.count_by_state(conn)[RUNNING] == 3
+        assert run_reads.count_by_state(conn)[RUNNING] == 3
         assert steps.insert(conn, "new", StepKey("a", 0), '"new-a-0"', "tok-new")
         assert runs.settle(conn, started.run, SUCCEEDED, result="6") is not None
         assert steps.insert(conn, "live", StepKey("a", 0), '"live-a-0"', "tok-live")
         assert runs.cancel(conn, run_id="live", task_name="t.three", queue="q", args="[1]", kwargs="{}",
                            reason="revoked") is not None
-        assert runs.count_by_state(conn) == {SUCCEEDED: 3, RUNNING: 1, SLEEPING: 1, FAILED: 1, DEAD: 1,
+        assert run_reads.count_by_state(conn) == {SUCCEEDED: 3, RUNNING: 1, SLEEPING: 1, FAILED: 1, DEAD: 1,
                                              CANCELLED: 2}
-        assert _ids(runs.listed(conn, states=[SUCCEEDED])) == {"ok-1", "ok-2", "new"}
-        assert runs.reopen(conn, "grave", AT) and runs.dead_by_queue(conn) == {}
+        assert _ids(run_reads.listed(conn, states=[SUCCEEDED])) == {"ok-1", "ok-2", "new"}
+        assert runs.reopen(conn, "grave", AT) and run_reads.dead_by_queue(conn) == {}
         # Retention: succeeded runs through the finished-at index, cancelled ones beside them.
         assert runs.purge_settled(conn, AT + timedelta(minutes=1), [SUCCEEDED, CANCELLED], batch=10) == 3
-        assert runs.count_by_state(conn) == {SUCCEEDED: 1, RUNNING: 1, SLEEPING: 1, FAILED: 2, CANCELLED: 1}
+        assert run_reads.count_by_state(conn) == {SUCCEEDED: 1, RUNNING: 1, SLEEPING: 1, FAILED: 2, CANCELLED: 1}
 
 
 def test_migration_0015_goes_down_and_up_again_with_the_rows_intact(store_url):
