@@ -13,9 +13,9 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
-from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.planning.checkpoints import StepKey
 from celery_durable.store import attempts, runs, steps
+from celery_durable.store.clock import store_now
 from celery_durable.store.engine import autocommit, ensure_schema
 from tests.e2e.harness import wait_for
 
@@ -48,7 +48,7 @@ def statements(conn: Connection) -> Iterator[list[str]]:
 
 
 def expire(conn: Connection) -> None:
-    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5, what="the lease to expire")
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(store_now(conn)), timeout=5, what="the lease to expire")
 
 
 def test_a_new_run_starts_with_no_checkpoints_in_one_statement(conn):

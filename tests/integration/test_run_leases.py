@@ -9,10 +9,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from celery_durable.clock import SYSTEM_CLOCK
 from celery_durable.leases.keeper import LeaseKeeper
 from celery_durable.planning.checkpoints import StepKey
 from celery_durable.store import runs, steps
+from celery_durable.store.clock import store_now
 from celery_durable.store.engine import autocommit, ensure_schema
 from tests.e2e.harness import wait_for
 
@@ -31,7 +31,7 @@ def begin(conn: Connection, token: str, *, ttl: float = 30.0, resume: str | None
 
 def test_a_second_delivery_of_a_live_run_does_not_start(conn):
     first, started = begin(conn, "a1")
-    assert started and first.lease_holder == "a1" and first.lease_live(SYSTEM_CLOCK.now())
+    assert started and first.lease_holder == "a1" and first.lease_live(store_now(conn))
     found, started = begin(conn, "a2")
     assert not started
     assert (found.lease_holder, found.attempts, found.state) == ("a1", 1, "running")
@@ -39,7 +39,7 @@ def test_a_second_delivery_of_a_live_run_does_not_start(conn):
 
 def test_an_expired_lease_is_taken_over_and_counted_as_a_lost_attempt(conn):
     begin(conn, "a1", ttl=0.2)
-    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5, what="the lease to expire")
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(store_now(conn)), timeout=5, what="the lease to expire")
     taken, started = begin(conn, "a2")
     assert started
     assert (taken.lease_holder, taken.attempts, taken.lost_attempts) == ("a2", 2, 1)
@@ -59,7 +59,7 @@ def test_a_sleeping_run_is_resumed_only_by_its_wake_up(conn):
     begin(conn, "a1")
     assert runs.hand_off_to_sleep(conn, "r1", "a1")
     sleeping = runs.get(conn, "r1")
-    assert (sleeping.state, sleeping.lease_holder, sleeping.lease_live(SYSTEM_CLOCK.now())) == ("sleeping", "a1", False)
+    assert (sleeping.state, sleeping.lease_holder, sleeping.lease_live(store_now(conn))) == ("sleeping", "a1", False)
     _, started = begin(conn, "copy")  # a redelivered copy, no token
     assert not started
     woken, started = begin(conn, "a2", resume="a1")
@@ -68,7 +68,7 @@ def test_a_sleeping_run_is_resumed_only_by_its_wake_up(conn):
 
 def test_an_outcome_is_written_only_by_the_attempt_holding_the_run(conn):
     old, _ = begin(conn, "a1", ttl=0.2)
-    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5, what="the lease to expire")
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(store_now(conn)), timeout=5, what="the lease to expire")
     new, _ = begin(conn, "a2")
     # The old attempt (its store was out longer than the TTL) finishes late: refused.
     assert runs.settle(conn, old, "succeeded", result="1") is None
@@ -87,9 +87,9 @@ def test_renew_pushes_out_only_the_leases_still_held(conn):
 
 def test_reopen_takes_a_dead_run_or_a_stranded_one_but_never_a_live_one(conn):
     begin(conn, "a1", ttl=0.2)
-    assert not runs.reopen(conn, "r1", SYSTEM_CLOCK.now() - runs.timedelta(seconds=5))  # still live then
-    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5, what="the lease to expire")
-    assert runs.reopen(conn, "r1", SYSTEM_CLOCK.now())
+    assert not runs.reopen(conn, "r1", store_now(conn) - runs.timedelta(seconds=5))  # still live then
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(store_now(conn)), timeout=5, what="the lease to expire")
+    assert runs.reopen(conn, "r1", store_now(conn))
     reopened = runs.get(conn, "r1")
     assert (reopened.state, reopened.lease_holder, reopened.lost_attempts) == ("failed", None, 0)
 
@@ -101,10 +101,10 @@ def test_the_keeper_renews_a_held_lease_past_its_ttl_and_stops_on_release(store_
     deadline = time.monotonic() + 2.0
     # Three TTLs later the lease is still live: the keeper beat every 0.2 s.
     while time.monotonic() < deadline:
-        assert runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now())
+        assert runs.get(conn, "r1").lease_live(store_now(conn))
         time.sleep(0.05)
     keeper.release(store_url, "r1")
-    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5,
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(store_now(conn)), timeout=5,
              what="the lease to expire once released")
 
 
@@ -134,8 +134,8 @@ def test_a_stranded_run_is_handed_to_one_token_that_every_later_copy_keeps(conn)
     from datetime import timedelta
 
     begin(conn, "dead", ttl=0.2, retries=2)
-    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5, what="the lease to lapse")
-    now = SYSTEM_CLOCK.now()
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(store_now(conn)), timeout=5, what="the lease to lapse")
+    now = store_now(conn)
     [stranded] = runs.stranded(conn, now, now - timedelta(seconds=60), 10)
     assert (stranded.retries, stranded.lease_holder) == (2, "dead")
     token = runs.hand_off_to_resend(conn, stranded, "sweep-1", now)
@@ -143,9 +143,9 @@ def test_a_stranded_run_is_handed_to_one_token_that_every_later_copy_keeps(conn)
     handed = runs.get(conn, "r1")
     assert (handed.lease_holder, handed.lease_expires_at, handed.lost_attempts) == ("sweep-1", None, 1)
     # Not again until the resend bound, and then under the same token.
-    assert runs.stranded(conn, SYSTEM_CLOCK.now(), SYSTEM_CLOCK.now() - timedelta(seconds=60), 10) == []
-    [again] = runs.stranded(conn, SYSTEM_CLOCK.now(), SYSTEM_CLOCK.now() + timedelta(seconds=1), 10)
-    assert runs.hand_off_to_resend(conn, again, "sweep-2", SYSTEM_CLOCK.now()) == "sweep-1"
+    assert runs.stranded(conn, store_now(conn), store_now(conn) - timedelta(seconds=60), 10) == []
+    [again] = runs.stranded(conn, store_now(conn), store_now(conn) + timedelta(seconds=1), 10)
+    assert runs.hand_off_to_resend(conn, again, "sweep-2", store_now(conn)) == "sweep-1"
     assert runs.get(conn, "r1").lost_attempts == 1
     # An old copy without the token finds the run held; the copy with it resumes it, as no lost attempt.
     assert begin(conn, "old-copy")[1] is False
@@ -157,12 +157,12 @@ def test_a_sleeping_run_past_its_wake_up_is_sent_again_under_its_own_token(conn)
     from datetime import timedelta
 
     run, _ = begin(conn, "sleeper")
-    assert runs.hand_off_to_sleep(conn, "r1", "sleeper", SYSTEM_CLOCK.now() - timedelta(seconds=5))
-    [overdue] = runs.stranded(conn, SYSTEM_CLOCK.now() - timedelta(seconds=1), SYSTEM_CLOCK.now(), 10)
+    assert runs.hand_off_to_sleep(conn, "r1", "sleeper", store_now(conn) - timedelta(seconds=5))
+    [overdue] = runs.stranded(conn, store_now(conn) - timedelta(seconds=1), store_now(conn), 10)
     assert overdue.state == "sleeping"
-    assert runs.hand_off_to_resend(conn, overdue, "unused", SYSTEM_CLOCK.now()) == "sleeper"
+    assert runs.hand_off_to_resend(conn, overdue, "unused", store_now(conn)) == "sleeper"
     # Due again from now: not sent again within the next TTL.
-    assert runs.stranded(conn, SYSTEM_CLOCK.now() - timedelta(seconds=1), SYSTEM_CLOCK.now(), 10) == []
+    assert runs.stranded(conn, store_now(conn) - timedelta(seconds=1), store_now(conn), 10) == []
     woke, started = begin(conn, "wake", resume="sleeper")
     assert started and woke.lost_attempts == 0
 
@@ -170,7 +170,7 @@ def test_a_sleeping_run_past_its_wake_up_is_sent_again_under_its_own_token(conn)
 def test_a_checkpoint_is_stored_only_while_its_attempt_holds_the_run(conn):
     begin(conn, "a1", ttl=0.2)
     assert steps.insert(conn, "r1", StepKey("charge", 0), '"ch-1"', "a1")
-    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5, what="the lease to expire")
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(store_now(conn)), timeout=5, what="the lease to expire")
     begin(conn, "a2")
     # a1's process froze past its lease and a2 took the run: a1's next checkpoint is fenced out.
     assert not steps.insert(conn, "r1", StepKey("ship", 0), '"late"', "a1")
@@ -188,7 +188,7 @@ def test_a_takeover_waits_for_a_checkpoint_in_flight_then_sees_it(store_url, con
     """PostgreSQL: the fence locks the run row FOR SHARE until its transaction ends, so a takeover that
     starts while a (transactional) checkpoint is in flight waits for its commit, then loads the step."""
     begin(conn, "a1", ttl=0.2)
-    wait_for(lambda: not runs.get(conn, "r1").lease_live(SYSTEM_CLOCK.now()), timeout=5, what="the lease to expire")
+    wait_for(lambda: not runs.get(conn, "r1").lease_live(store_now(conn)), timeout=5, what="the lease to expire")
     engine = ensure_schema(store_url)
     taker = autocommit(engine).connect()
     taker_pid = taker.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
@@ -230,5 +230,5 @@ def test_a_settled_outcome_names_its_settler_and_is_claimed_once_by_that_token(c
     again, _ = begin(conn, "b2", run_id="r2")
     runs.settle(conn, again, "dead", error="E: boom")
     assert runs.get(conn, "r2").settled_by == "b2"
-    assert runs.reopen(conn, "r2", SYSTEM_CLOCK.now())
+    assert runs.reopen(conn, "r2", store_now(conn))
     assert runs.get(conn, "r2").settled_by is None
