@@ -78,10 +78,14 @@ def test_a_worker_with_its_clock_a_minute_off_never_takes_over_a_live_run(durabl
     settings = conf(url, durable_lease_ttl=TTL)
     skew = shifted(offset)
     holder_env, copier_env = ({}, skew) if offset > 0 else (skew, {})
-    holder = s.worker(app=DURABLE_APP, conf=settings, concurrency=1, env=holder_env).wait_ready(60)
+    # Both workers up before the run starts: a copier still booting when the run ends would meet a finished
+    # run (a duplicate), not a live one. It consumes only the copy's queue, so only the holder takes the run.
+    holder = s.worker(app=DURABLE_APP, conf=settings, concurrency=1, env=holder_env)
+    copier = s.worker(app=DURABLE_APP, conf=settings, concurrency=1, queues=["copy"], env=copier_env)
+    holder.wait_ready(60)
+    copier.wait_ready(60)
     run_id = s.send_task("q", "durable.long_steps", ["live", 3, TTL / 2])
     wait_for(lambda: s.labelled("exec", "live"), timeout=20, what="the holder to start the run")
-    copier = s.worker(app=DURABLE_APP, conf=settings, concurrency=1, queues=["copy"], env=copier_env).wait_ready(60)
     s.send_task("copy", "durable.long_steps", ["live", 3, TTL / 2], task_id=run_id)
     wait_for(lambda: run_state(url, run_id) == "succeeded", timeout=60, what="the run to finish")
     assert len(s.labelled("exec", "live")) == 1, "a worker took over the live run"
