@@ -9,9 +9,7 @@ result and (for a RETURNING) its column metadata per call: ~30 µs a statement
 more, about a third of a SQLite run's time in the store. So on an autocommit
 connection nobody listens to (no ``before_cursor_execute``/``after_cursor_execute``)
 the statement goes to the connection's DB-API cursor itself, and a driver error
-is handed to SQLAlchemy's own handler (``Connection._handle_dbapi_exception``,
-the one SQLAlchemy-internal name used here; its behaviour is pinned by
-tests/integration/test_driver_sql.py): raised as SQLAlchemy raises it
+is handed to SQLAlchemy's own handler (``compat.sqlalchemy_errors``): raised as SQLAlchemy raises it
 (``IntegrityError``; ``OperationalError`` read as an outage), a lost connection
 invalidated and its ``handle_error`` listeners told. A connection with cursor
 listeners (tests and benchmarks counting statements) or in a transaction of its
@@ -29,6 +27,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
+
+from celery_durable.compat.sqlalchemy_errors import raise_as_sqlalchemy
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class DriverStatement:
                 raise  # not the driver's: raised as it is, as SQLAlchemy's execution would
             # SQLAlchemy's own handling of a driver error (and of an interrupt mid-statement): wrapped,
             # a disconnect invalidates the connection (and the pool's older ones), handle_error told.
-            conn._handle_dbapi_exception(err, form.sql, bound, cursor, None)
+            raise_as_sqlalchemy(conn, err, form.sql, bound, cursor)
         return found, count
 
     def _form(self, dialect: Dialect) -> _Form:
