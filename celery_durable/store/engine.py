@@ -15,6 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from celery_durable.errors import SchemaOutdated, StoreUnavailable
+from celery_durable.store.driver_sql import AUTOCOMMIT_OPTION
 from celery_durable.store.schema import HEAD_REVISION, VERSION_TABLE
 from celery_durable.store.sqlite_lock_wait import LockWaitingConnection
 from celery_durable.store.unreachable import CONNECTION_ERRORS
@@ -191,6 +192,9 @@ def autocommit(engine: Engine) -> Engine:
                 else:
                     found = sa.create_engine(url, isolation_level="AUTOCOMMIT", pool_pre_ping=False,
                                              connect_args=network_timeouts(url))
+                # Its connections are in autocommit from the start: a run's hot statements may skip
+                # SQLAlchemy's execution (store/driver_sql.py).
+                found.update_execution_options(**{AUTOCOMMIT_OPTION: True})
                 _autocommit_engines[key] = found
                 _share_disconnects(engine, found)
     return found

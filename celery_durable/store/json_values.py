@@ -8,6 +8,7 @@ stored here decode as the worker decoded them.
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Mapping
@@ -92,14 +93,27 @@ _UNDECODABLE = object()
 _DECODE_TO_THEMSELVES = frozenset({str, int, float, bool, type(None)})
 
 
+#: What ``kombu_json.dumps(value, allow_nan=False, separators=(",", ":"))`` builds on every call, built once: an
+#: encoder keeps no state between calls, and building it was half of encoding a small value (~1.5 µs, six a run).
+_ENCODER = kombu_json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
 def _dumps(value: Any) -> str:
-    encoded: str = kombu_json.dumps(value, allow_nan=False, separators=(",", ":"))
+    encoded: str = _ENCODER.encode(value)
     return encoded
+
+
+#: What ``kombu_json.loads`` builds on every call (``json.loads`` with an ``object_hook``), built once.
+_DECODER = json.JSONDecoder(object_hook=kombu_json.object_hook)
 
 
 def from_json(encoded: str | None) -> Any:
     """A stored value as it was encoded (kombu's typed values decoded back: a datetime is a datetime)."""
-    return None if encoded is None else kombu_json.loads(encoded)
+    if encoded is None:
+        return None
+    if type(encoded) is not str or encoded.startswith("\ufeff"):
+        return kombu_json.loads(encoded)  # bytes, and the BOM json.loads refuses: as kombu reads them
+    return _DECODER.decode(encoded)
 
 
 def encode(what: str, value: Any) -> str:

@@ -235,7 +235,7 @@ def settle(conn: Connection, run: Run, state: str, *, result: str | None = None,
     written = _SETTLE.execute(conn, {"run_id": run.id, "holder": run.lease_holder, "new_state": state,
                                      "new_result": result, "at": at, "finished": values["finished_at"],
                                      "settler": values["settled_by"], "error": error})
-    if written.rowcount != 1:
+    if written != 1:
         return None
     return Run(**{**run.__dict__, **values})
 

@@ -56,7 +56,7 @@ def insert(conn: Connection, run_id: str, key: StepKey, encoded: str, token: str
 
     One statement: on an autocommit connection, one round trip.
     """
-    return bool(_FENCED_INSERT_DRIVER.execute(conn, _insert_binds(run_id, key, encoded, token)).rowcount == 1)
+    return bool(_FENCED_INSERT_DRIVER.execute(conn, _insert_binds(run_id, key, encoded, token)) == 1)
 
 
 def insert_in(tx: Connection, run_id: str, key: StepKey, encoded: str, token: str) -> bool:

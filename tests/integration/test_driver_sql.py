@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 from datetime import timezone
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from celery_durable.errors import StoreUnavailable
 from celery_durable.planning.checkpoints import StepKey
 from celery_durable.store import runs, steps
 from celery_durable.store.driver_sql import DriverStatement
-from celery_durable.store.engine import autocommit, ensure_schema
+from celery_durable.store.engine import autocommit, ensure_schema, unavailable_as_error
 from celery_durable.store.schema import runs as runs_table
 
 
@@ -79,3 +81,67 @@ def test_sqlite_autocommit_connections_are_not_switched_per_use(store_url: str):
     finally:
         raw.set_trace_callback(None)
     assert seen == ["SELECT 1"] * 3
+
+
+def _start(conn: Connection, run_id: str = "r1", token: str = "k1") -> runs.Run:
+    run, started = runs.begin_attempt(conn, run_id=run_id, task_name="t", queue="q", args="[]", kwargs="{}",
+                                      token=token, lease_seconds=30)
+    assert started
+    return run
+
+
+def test_every_statement_reaches_the_cursor_listeners_of_its_engine(conn: Connection):
+    # Statements counted by before_cursor_execute (the benchmarks' round trips, tests' statement counts)
+    # are each seen, though a run's statements skip SQLAlchemy's execution when nobody listens.
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        seen.append(statement.split(None, 1)[0])
+
+    sa.event.listen(conn.engine, "before_cursor_execute", record)
+    try:
+        run = _start(conn)
+        assert steps.insert(conn, "r1", StepKey("a", 0), "1", "k1")
+        assert runs.settle(conn, run, "succeeded", result="1") is not None
+    finally:
+        sa.event.remove(conn.engine, "before_cursor_execute", record)
+    assert [s for s in seen if s != "SELECT"] == ["INSERT", "INSERT", "UPDATE"]  # SELECT: the store's clock
+
+
+def test_outside_autocommit_a_statement_stays_in_the_callers_transaction(store_url: str):
+    # Only an autocommit connection's statements go straight to the driver: on any other the statement
+    # is part of the transaction SQLAlchemy begins, and goes with its rollback.
+    engine = ensure_schema(store_url)
+    with engine.connect() as caller:
+        _start(caller)
+        assert runs.get(caller, "r1") is not None
+        caller.rollback()
+    with autocommit(engine).connect() as other:
+        assert runs.get(other, "r1") is None
+
+
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_a_connection_lost_under_a_statement_is_an_outage_and_is_dropped(store_url: str):
+    # The driver's error handed to SQLAlchemy's own handling: an OperationalError read as the store
+    # being out, the connection invalidated (the step context then opens a fresh one), and the idle
+    # connections of the sibling engine dropped with it (handle_error, store.engine._share_disconnects).
+    engine = ensure_schema(store_url)
+    with engine.connect() as idle:
+        idle.exec_driver_sql("SELECT 1")
+    assert engine.pool.checkedin() == 1
+    with autocommit(engine).connect() as conn:
+        _start(conn)
+        backend = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        with engine.connect() as killer:
+            killer.exec_driver_sql(f"SELECT pg_terminate_backend({backend})")
+            killer.commit()
+        checkedin_before = engine.pool.checkedin()
+        with pytest.raises(StoreUnavailable) as raised:
+            with unavailable_as_error(store_url):
+                steps.insert(conn, "r1", StepKey("a", 0), "1", "k1")
+        cause = raised.value.__cause__
+        assert isinstance(cause, sa.exc.OperationalError) and cause.connection_invalidated
+        assert conn.invalidated
+        assert checkedin_before >= 1 and engine.pool.checkedin() == 0
+    with autocommit(engine).connect() as fresh:  # the store answers again on a fresh connection
+        assert steps.insert(fresh, "r1", StepKey("a", 0), "1", "k1")
