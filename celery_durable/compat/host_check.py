@@ -100,6 +100,8 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     *_points("compat.amqp_cork", "amqp.connection", "Connection.frame_writer"),
     *_points("compat.amqp_cork", "amqp.method_framing", "frame_writer"),
     *_points("compat.amqp_cork", "amqp.transport", "_AbstractTransport.read_frame", "_AbstractTransport.write"),
+    # Its arguments are pinned by tests/compat/test_sqlalchemy_errors.py.
+    *_points("compat.sqlalchemy_errors", "sqlalchemy.engine.base", "Connection._handle_dbapi_exception"),
 )
 
 @dataclass(frozen=True)
