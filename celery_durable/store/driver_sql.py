@@ -73,18 +73,18 @@ class DriverStatement:
 
     def execute(self, conn: Connection, params: Mapping[str, Any]) -> int:
         """Run the statement; the number of rows it wrote (the driver's rowcount)."""
-        return self._run(conn, params, fetch=False)[1]
+        return self._run(conn, self._form(conn.dialect), params, fetch=False)[1]
 
     def rows(self, conn: Connection, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Every result row as ``{column key: value}``, each value converted as its column's type reads it."""
         form = self._form(conn.dialect)
-        raw = self._run(conn, params, fetch=True)[0]
+        raw = self._run(conn, form, params, fetch=True)[0]
         keys = self.keys
         return [{key: value if process is None else process(value)
                  for key, process, value in zip(keys, form.results, row)} for row in raw]
 
-    def _run(self, conn: Connection, params: Mapping[str, Any], *, fetch: bool) -> tuple[Sequence[Any], int]:
-        form = self._form(conn.dialect)
+    def _run(self, conn: Connection, form: _Form, params: Mapping[str, Any], *,
+             fetch: bool) -> tuple[Sequence[Any], int]:
         values = {**form.static, **params}
         for name, process in form.processors:
             values[name] = process(values[name])
@@ -92,23 +92,20 @@ class DriverStatement:
         if not on_cursor(conn):
             result = conn.exec_driver_sql(form.sql, bound)
             return (result.all() if fetch else []), result.rowcount
-        dbapi_conn = conn.connection.dbapi_connection
         cursor = None
         try:
-            cursor = dbapi_conn.cursor()  # type: ignore[union-attr]  # a live connection: conn.connection checked it
-            cursor.execute(form.sql, bound)
-            found = cursor.fetchall() if fetch else []
-            count = cursor.rowcount
-            cursor.close()
+            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]  # conn.connection checked it
+            try:
+                cursor.execute(form.sql, bound)
+                return (cursor.fetchall() if fetch else []), cursor.rowcount
+            finally:
+                cursor.close()
         except BaseException as err:
-            if not isinstance(err, conn.dialect.loaded_dbapi.Error) and isinstance(err, Exception):
-                if cursor is not None:
-                    cursor.close()
+            if isinstance(err, Exception) and not isinstance(err, conn.dialect.loaded_dbapi.Error):
                 raise  # not the driver's: raised as it is, as SQLAlchemy's execution would
             # SQLAlchemy's own handling of a driver error (and of an interrupt mid-statement): wrapped,
             # a disconnect invalidates the connection (and the pool's older ones), handle_error told.
             raise_as_sqlalchemy(conn, err, form.sql, bound, cursor)
-        return found, count
 
     def _form(self, dialect: Dialect) -> _Form:
         return self._forms.get((dialect.name, dialect.driver)) or self._compile(dialect)
