@@ -8,13 +8,18 @@ without a broker: ``durable3`` makes three trivial calls as checkpointed
 steps, ``plain3`` the same calls bare. Printed per store: the wall time of a
 durable3 run, and the CPU time (this process's, ``time.process_time``) a
 durable3 run costs beyond a plain3 run — on SQLite the store's own work is in
-it (in-process), on PostgreSQL only the client's. Compare checkouts by
-running each in turn, alternated, at the same load.
+it (in-process), on PostgreSQL only the client's. On PostgreSQL, when the
+server runs on this host, also the CPU its backends (the processes serving
+this process's connections, read from /proc) spent per durable3 run: the
+other half of a run's price on a machine whose cores the workers share with
+the database. Compare checkouts by running each in turn, alternated, at the
+same load.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -25,6 +30,8 @@ from typing import Any
 
 from celery import Celery
 from celery.app.trace import build_tracer
+from sqlalchemy import event
+from sqlalchemy.pool import Pool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -51,6 +58,34 @@ def durable3(self: Any, i: int) -> int:
     return self.step("a", unit, i) + self.step("b", unit, i) + self.step("c", unit, i)
 
 
+#: The PostgreSQL backend process of every connection this process opened (pg_backend_pid()).
+backend_pids: set[int] = set()
+
+
+@event.listens_for(Pool, "connect")
+def _note_backend_pid(dbapi_connection: Any, _record: Any) -> None:
+    if type(dbapi_connection).__module__.startswith("psycopg2"):
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            backend_pids.add(cursor.fetchone()[0])
+        dbapi_connection.commit()
+
+
+def backends_cpu() -> float | None:
+    """Seconds of CPU (user + system) the live backends in ``backend_pids`` have used; None if none is on this host."""
+    total, found = 0.0, 0
+    for pid in backend_pids:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "postgres":
+                continue  # a server on another host: this pid is some other process here
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # closed since (schema set-up's connections), or not on this host
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        found += 1
+    return total if found else None
+
+
 def timed(task: Any, runs: int) -> tuple[float, float]:
     """µs per run of ``task`` delivered ``runs`` times: (wall, CPU)."""
     tracer = build_tracer(task.name, task, eager=False, propagate=True, app=app)
@@ -66,14 +101,22 @@ def bench(url: str, runs: int, rounds: int) -> str:
     app.conf.durable_database_url = url
     ensure_schema(url)
     timed(durable3, 50), timed(plain3, 50)  # compiled, connected, warmed
-    walls, extra = [], []
+    walls, extra, server = [], [], []
     for _ in range(rounds):
         _, plain_cpu = timed(plain3, runs)
+        server_before = backends_cpu()
         wall, cpu = timed(durable3, runs)
+        server_after = backends_cpu()
         walls.append(wall)
         extra.append(cpu - plain_cpu)
-    return (f"durable3 wall {statistics.median(walls):.0f} µs/run; CPU beyond plain3 "
+        if backend_pids and server_before is not None and server_after is not None:
+            server.append((server_after - server_before) / runs * 1e6)
+    line = (f"durable3 wall {statistics.median(walls):.0f} µs/run; CPU beyond plain3 "
             f"**{statistics.median(extra):.0f}** µs/run (rounds: {', '.join(f'{x:.0f}' for x in extra)})")
+    if server:
+        line += (f"; server backends' CPU **{statistics.median(server):.0f}** µs/run "
+                 f"(rounds: {', '.join(f'{x:.0f}' for x in server)})")
+    return line
 
 
 def main() -> int:
@@ -86,6 +129,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp, fresh_store(kind, Path(tmp)) as url:
             print(f"{kind}: {bench(url, args.runs, args.rounds)}", flush=True)
             dispose_all()
+            backend_pids.clear()
     return 0
 
 

@@ -49,10 +49,15 @@ class _Form:
 AUTOCOMMIT_OPTION = "durable_autocommit"
 
 
+def in_autocommit(conn: Connection) -> bool:
+    """Whether each statement on ``conn`` is its own transaction (an engine made in autocommit)."""
+    options = conn.get_execution_options()
+    return bool(options.get(AUTOCOMMIT_OPTION) or options.get("isolation_level") == "AUTOCOMMIT")
+
+
 def on_cursor(conn: Connection) -> bool:
     """Whether a statement on ``conn`` may skip SQLAlchemy's execution: autocommit, and no cursor listeners."""
-    options = conn.get_execution_options()
-    if not (options.get(AUTOCOMMIT_OPTION) or options.get("isolation_level") == "AUTOCOMMIT"):
+    if not in_autocommit(conn):
         return False
     dispatch = conn.dispatch
     return not (dispatch.before_cursor_execute or dispatch.after_cursor_execute)

@@ -123,3 +123,33 @@ def test_a_one_round_trip_takeover_waits_for_a_checkpoint_in_flight_then_loads_i
     [found] = taken
     assert found.started and found.run.lease_holder == "a2"
     assert found.checkpoints == {StepKey("ledger", 0): '"ledger"'}
+
+
+def synchronous_commit(conn: Connection) -> str:
+    return str(conn.exec_driver_sql("SHOW synchronous_commit").scalar_one())
+
+
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("retries", [0, 1], ids=["new run, start alone", "retry, start and read"])
+def test_a_start_commits_without_waiting_for_the_flush_and_the_steps_after_it_still_wait(store_url, conn, retries):
+    """The start's message turns the flush wait off for its own transaction only: the checkpoint and the
+    settle sent next on the same connection wait for theirs (their flush makes the start durable too)."""
+    with statements(conn) as sent:
+        found = start(conn, "a1", retries=retries)
+        assert steps.insert(conn, "r1", StepKey("charge", 0), '"ch-1"', "a1")
+        assert runs.settle(conn, found.run, "succeeded", result='"done"') is not None
+    assert found.started
+    assert sent[0].startswith("SET LOCAL synchronous_commit TO off; INSERT INTO durable_runs"), sent[0]
+    assert [s for s in sent[1:] if "synchronous_commit" in s] == [], sent[1:]
+    assert synchronous_commit(conn) == "on"
+
+
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_a_start_in_a_callers_transaction_leaves_that_transactions_flush_wait_alone(store_url):
+    """Outside autocommit, SET LOCAL would turn the wait off for the rest of the caller's transaction."""
+    with ensure_schema(store_url).connect() as tx:
+        run, started = runs.begin_attempt(tx, run_id="r1", task_name="t", queue="q", args="[]", kwargs="{}",
+                                          token="a1", lease_seconds=30.0)
+        assert started and run.lease_holder == "a1"
+        assert synchronous_commit(tx) == "on"
+        tx.rollback()
