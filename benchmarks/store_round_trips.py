@@ -34,6 +34,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine.default import DefaultExecutionContext
 
+from celery_durable.store.attempt_sql import START_WITHOUT_FLUSH_WAIT
+
 _WRITES = frozenset({"INSERT", "UPDATE", "DELETE"})
 #: psycopg2's ``TRANSACTION_STATUS_IDLE``: no transaction open, so a non-autocommit statement sends BEGIN first.
 _PG_IDLE = 0
@@ -48,7 +50,7 @@ class Tally:
     cache: Counter[str] = field(default_factory=Counter)
     sql: list[str] = field(default_factory=list)
     #: PostgreSQL commits that wait for the WAL flush: a write in autocommit, or a transaction's COMMIT. Every
-    #: store write of a run waits for it (its lazy commits are the broker's, on another engine).
+    #: store write of a run waits for it but its start's (led by attempt_sql.START_WITHOUT_FLUSH_WAIT).
     flush_waits: int = 0
 
     @property
@@ -73,10 +75,13 @@ def counting() -> Iterator[Tally]:
                 and dbapi.info.transaction_status == _PG_IDLE):
             tally.begins += 1
         tally.statements += 1
-        if hasattr(dbapi, "autocommit") and hasattr(dbapi, "info") and dbapi.autocommit \
-                and statement.lstrip().split(None, 1)[0].upper() in _WRITES:
+        # A PostgreSQL start's message leads with SET LOCAL synchronous_commit: its commit does not wait.
+        lazy = statement.startswith(START_WITHOUT_FLUSH_WAIT)
+        body = statement.removeprefix(START_WITHOUT_FLUSH_WAIT)
+        if hasattr(dbapi, "autocommit") and hasattr(dbapi, "info") and dbapi.autocommit and not lazy \
+                and body.lstrip().split(None, 1)[0].upper() in _WRITES:
             tally.flush_waits += 1
-        tally.sql.append(" ".join(statement.split()[:3]).rstrip(","))
+        tally.sql.append(" ".join(body.split()[:3]).rstrip(",") + (" (no flush wait)" if lazy else ""))
         compiled = isinstance(context, DefaultExecutionContext) and context.compiled is not None
         tally.cache[context.cache_hit.name if compiled else "no cache"] += 1
 
