@@ -19,7 +19,6 @@ same load.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -34,10 +33,12 @@ from sqlalchemy import event
 from sqlalchemy.pool import Pool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import celery_durable
 from celery_durable.store.engine import dispose_all, ensure_schema
 from tests.stores import fresh_store
+from worker_bench import proc_cpu_seconds
 
 app = Celery("run-cpu", broker="memory://")
 celery_durable.install(app)
@@ -73,17 +74,15 @@ def _note_backend_pid(dbapi_connection: Any, _record: Any) -> None:
 
 def backends_cpu() -> float | None:
     """Seconds of CPU (user + system) the live backends in ``backend_pids`` have used; None if none is on this host."""
-    total, found = 0.0, 0
-    for pid in backend_pids:
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() != "postgres":
-                continue  # a server on another host: this pid is some other process here
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # closed since (schema set-up's connections), or not on this host
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        found += 1
-    return total if found else None
+    live = [pid for pid in backend_pids if _is_postgres(pid)]
+    return sum(proc_cpu_seconds(pid) for pid in live) if live else None
+
+
+def _is_postgres(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "postgres"
+    except OSError:
+        return False  # closed since (schema set-up's connections), or a server on another host
 
 
 def timed(task: Any, runs: int) -> tuple[float, float]:
@@ -109,7 +108,7 @@ def bench(url: str, runs: int, rounds: int) -> str:
         server_after = backends_cpu()
         walls.append(wall)
         extra.append(cpu - plain_cpu)
-        if backend_pids and server_before is not None and server_after is not None:
+        if server_before is not None and server_after is not None:
             server.append((server_after - server_before) / runs * 1e6)
     line = (f"durable3 wall {statistics.median(walls):.0f} µs/run; CPU beyond plain3 "
             f"**{statistics.median(extra):.0f}** µs/run (rounds: {', '.join(f'{x:.0f}' for x in extra)})")

@@ -11,7 +11,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
+from celery_durable.store.driver_sql import in_autocommit
 from celery_durable.store.schema import RUNNING, SETTLED, runs, steps
 
 
@@ -68,6 +70,13 @@ def attempt_binds(*, run_id: str, task_name: str, queue: str | None, args: str, 
 #: ``wal_writer_delay``), so lost attempts are counted as before. Waiting for the flush was ~0.2 ms of each
 #: new run's five commits' ~1.2 ms here.
 START_WITHOUT_FLUSH_WAIT = "SET LOCAL synchronous_commit TO off; "
+
+
+def start_skips_flush_wait(conn: Connection) -> bool:
+    """Whether a start on ``conn`` leads with :data:`START_WITHOUT_FLUSH_WAIT`: PostgreSQL, in autocommit (in a
+    caller's transaction ``SET LOCAL`` would turn the wait off for the rest of that transaction)."""
+    return conn.dialect.name == "postgresql" and in_autocommit(conn)
+
 
 #: Step columns of the PostgreSQL start: named apart from the run's own columns.
 STEP_COLUMNS = (sa.column("step_name", steps.c.name.type), sa.column("step_occurrence", steps.c.occurrence.type),

@@ -9,12 +9,11 @@ from sqlalchemy.engine import Connection
 
 from celery_durable.planning.checkpoints import StepKey
 from celery_durable.store import runs, steps
-from celery_durable.store.attempt_sql import STEP_COLUMNS, attempt_binds, start_and_load_sql
+from celery_durable.store.attempt_sql import STEP_COLUMNS, attempt_binds, start_and_load_sql, start_skips_flush_wait
 from celery_durable.store.clock import store_now
-from celery_durable.store.driver_sql import in_autocommit
 from celery_durable.store.runs import Run
 
-#: By whether the connection is in autocommit: only there is the message its own transaction.
+#: By start_skips_flush_wait(conn).
 _START_AND_LOAD = {True: start_and_load_sql(wait_for_flush=False), False: start_and_load_sql(wait_for_flush=True)}
 _STEP_KEYS = tuple(c.name for c in STEP_COLUMNS)
 
@@ -47,7 +46,7 @@ def start(conn: Connection, *, run_id: str, task_name: str, queue: str | None, a
                                           retries=retries)
         checkpoints = steps.load(conn, run.id) if started and run.attempts > 1 else {}
         return Start(run, started, checkpoints)
-    rows = conn.execute(_START_AND_LOAD[in_autocommit(conn)], attempt_binds(
+    rows = conn.execute(_START_AND_LOAD[start_skips_flush_wait(conn)], attempt_binds(
         run_id=run_id, task_name=task_name, queue=queue, args=args, kwargs=kwargs, token=token,
         at=store_now(conn), lease_seconds=lease_seconds, resume=resume, retries=retries)).all()
     if not rows:  # deleted between the statements: run it as new next time

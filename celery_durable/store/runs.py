@@ -26,10 +26,11 @@ from celery_durable.store.attempt_sql import (
     START_WITHOUT_FLUSH_WAIT,
     attempt_binds,
     begin_attempt_sql,
+    start_skips_flush_wait,
     typed_attempt_binds,
 )
 from celery_durable.store.clock import store_now
-from celery_durable.store.driver_sql import DriverStatement, in_autocommit
+from celery_durable.store.driver_sql import DriverStatement
 from celery_durable.store.schema import (
     CANCELLED,
     DEAD,
@@ -139,8 +140,8 @@ def begin_attempt(conn: Connection, *, run_id: str, task_name: str, queue: str |
     """
     _require_supported(conn)
     at = store_now(conn)
-    lazy = conn.dialect.name == "postgresql" and in_autocommit(conn)
-    rows = (_BEGIN_ATTEMPT_NO_FLUSH_WAIT if lazy else _BEGIN_ATTEMPT).rows(conn, attempt_binds(
+    begin = _BEGIN_ATTEMPT_NO_FLUSH_WAIT if start_skips_flush_wait(conn) else _BEGIN_ATTEMPT
+    rows = begin.rows(conn, attempt_binds(
         run_id=run_id, task_name=task_name, queue=queue, args=args, kwargs=kwargs, token=token, at=at,
         lease_seconds=lease_seconds, resume=resume, retries=retries))
     if rows:  # the primary key's upsert: one row at most
