@@ -118,11 +118,16 @@ def test_the_keeper_says_lost_only_when_another_attempt_holds_the_run(store_url,
     settled_run = runs.get(conn, "settled")
     assert runs.settle(conn, settled_run, "succeeded", result="1") is not None
     conn.execute(runs.runs.update().where(runs.runs.c.id == "taken").values(lease_holder="k2"))
+
+    def lost() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "durable.lease.lost" in r.getMessage()]
+
+    # Waited for on the warning, the keeper's last act: it drops the run from its list first, then logs
+    # (outside its lock), so a wait on the list alone once read the log before the warning was in it.
     with caplog.at_level("WARNING", logger="celery_durable.run"):
-        wait_for(lambda: "taken" not in keeper.held().get(store_url, {}), timeout=5,
-                 what="the keeper to notice the lost lease")
-    lost = [r.getMessage() for r in caplog.records if "durable.lease.lost" in r.getMessage()]
-    assert len(lost) == 1 and "taken" in lost[0]
+        wait_for(lost, timeout=5, what="the keeper to report the lost lease")
+    assert len(lost()) == 1 and "taken" in lost()[0]
+    assert "taken" not in keeper.held().get(store_url, {})
     assert "settled" in keeper.held()[store_url]  # still listed until its attempt releases it
     keeper.release(store_url, "settled")
 
