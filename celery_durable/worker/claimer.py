@@ -7,6 +7,7 @@ from typing import Any
 
 from celery_durable.clock import Clock
 from celery_durable.compat.amqp_cork import FrameCork, cork_for
+from celery_durable.compat.amqp_watch import accepts_global_qos
 from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.errors import InvariantBroken
 from celery_durable.limits.gate import LimitGate
@@ -249,7 +250,8 @@ class Claimer:
         if len(free) != len(order):
             free = {q: free[q] for q in order}
         room = self.held.room()
-        if self._push is not None and self._push.follow(push_queue(order, free, room, self._push.queue)):
+        if self._push is not None and self._push.follow(push_queue(
+                order, free, room, self._push.queue, pushable=lambda q: accepts_global_qos(queues[q].queue_arguments))):
             return 0  # the broker pushes this pass's room: one open queue
         # A pass that asks beyond its room must check each run against the slots as it admits it;
         # one that does not cannot take more than its room, and skips that bookkeeping.

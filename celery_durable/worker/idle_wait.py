@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from kombu.messaging import Consumer as KombuConsumer
 
+from celery_durable.compat.amqp_watch import accepts_global_qos
 from celery_durable.compat.host_types import HostChannel, HostMessage
 from celery_durable.compat.transport_guards import guard_channel
 from celery_durable.worker.parking import POISON_POLICY
@@ -57,10 +58,17 @@ class IdleChannels:
     message can only be acked on the channel it came from: a channel still
     holding an unacked run (``acks_late``) would never deliver again, so a new
     wait takes a channel whose every message is settled, or opens one.
+
+    ``shared=False``: a prefetch of one per consumer instead, for the queues
+    RabbitMQ refuses to consume on a channel with a global ``basic.qos``
+    (quorum: NOT_IMPLEMENTED, which closes the whole connection). Each such
+    queue may then deliver one message at once; the claimer admits what has a
+    slot and gives the rest back in place.
     """
 
-    def __init__(self, connection: Any) -> None:
+    def __init__(self, connection: Any, *, shared: bool = True) -> None:
         self._connection = connection
+        self._shared = shared
         self._held: list[tuple[Any, list[Any]]] = []
 
     def take(self) -> tuple[Any, list[Any]]:
@@ -69,8 +77,8 @@ class IdleChannels:
             if not messages:
                 return channel, messages
         channel = guard_channel(self._connection.channel(), POISON_POLICY)
-        # Global: one message across all of the wait's per-queue consumers.
-        channel.basic_qos(0, 1, True)
+        # Global: one message across all of the wait's per-queue consumers (or one per consumer).
+        channel.basic_qos(0, 1, self._shared)
         entry: tuple[Any, list[Any]] = (channel, [])
         self._held.append(entry)
         return entry
@@ -92,6 +100,8 @@ class ConsumerIdleWait:
 
     def __init__(self, connection: Any, accept: Any, on_delivery: OnDelivery) -> None:
         self._channels = IdleChannels(connection)
+        #: Opened only for a queue that takes no global qos (RabbitMQ's quorum queues).
+        self._own_prefetch_channels = IdleChannels(connection, shared=False)
         self._accept = accept
         self._on_delivery = on_delivery
         self._consumers: list[Any] = []
@@ -102,7 +112,15 @@ class ConsumerIdleWait:
     def arm(self, queues: Mapping[str, Any]) -> None:
         if not queues or self._consumers:
             return
-        channel, messages = self._channels.take()
+        shared = {name: queue for name, queue in queues.items() if accepts_global_qos(queue.queue_arguments)}
+        own = {name: queue for name, queue in queues.items() if name not in shared}
+        if shared:
+            self._consume(self._channels, shared)
+        if own:
+            self._consume(self._own_prefetch_channels, own)
+
+    def _consume(self, channels: IdleChannels, queues: Mapping[str, Any]) -> None:
+        channel, messages = channels.take()
         for name, queue in queues.items():
             consumer = KombuConsumer(
                 channel,
@@ -133,6 +151,7 @@ class ConsumerIdleWait:
     def close(self) -> None:
         self.cancel()
         self._channels.close()
+        self._own_prefetch_channels.close()
 
 
 class PeekIdleWait:

@@ -8,6 +8,7 @@ after the pool thread gave its slot back, which the credit counts for (worker/pu
 from __future__ import annotations
 
 import pytest
+from kombu import Queue
 
 from tests.e2e.harness import wait_for
 
@@ -121,3 +122,28 @@ def test_acks_late_warm_shutdown_gives_back_nothing_twice(scenario, execution):
     assert s.broker_depth("work") == 8
     assert sorted(e["label"] for e in s.ended()) == sorted(e["label"] for e in s.started())
     assert len(s.started()) == 2
+
+
+def test_a_quorum_queue_alone_is_claimed_with_basic_get_not_pushed(scenario):
+    # The push channel's credit is a global basic.qos, which RabbitMQ refuses for a consumer of a quorum
+    # queue with NOT_IMPLEMENTED, closing the worker's whole connection: the one open queue stays in the turn.
+    s = scenario(["qq"])
+    name = s.by_name["qq"]
+    queue = Queue(name, exchange=name, routing_key=name, durable=True, queue_arguments={"x-queue-type": "quorum"})
+    s.producer.conf.task_queues = [queue]
+    with s.producer.connection_for_write() as conn:
+        queue(conn.default_channel).declare()
+    for i in range(8):
+        s.send("qq", f"q{i}", 0.01)
+    conf = {"durable_max_in_flight": 2, "task_acks_late": True,
+            "task_queues": {name: {"exchange": name, "routing_key": name, "durable": True,
+                                   "queue_arguments": {"x-queue-type": "quorum"}}}}
+    worker = s.worker(conf=conf, concurrency=2).wait_ready()
+    s.wait_ended(8, timeout=30)
+    stats = worker.durable_stats()
+    assert (stats["claim_pushing"], stats["claimed_by_push"]) == (None, 0)
+    assert "NOT_IMPLEMENTED" not in worker.log()
+    assert "Connection to broker lost" not in worker.log()
+    assert worker.terminate() == 0
+    assert s.broker_depth("qq") == 0
+    assert sorted(e["label"] for e in s.started()) == sorted(f"q{i}" for i in range(8))  # each ran once

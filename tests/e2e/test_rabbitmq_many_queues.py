@@ -98,6 +98,42 @@ def test_tasks_on_a_quorum_queue_run_and_are_acked(scenario):
     order = [e["label"][0] for e in sorted(s.started(), key=lambda e: e["t"])]
     # Both queues backlogged at cap 1: the strict turn holds with a quorum queue in it.
     assert order in (list("ab" * 6), list("ba" * 6)), order
+    # Idle, the worker waits on both queues at once: the quorum queue on a channel of its own, since
+    # RabbitMQ refuses a global basic.qos there (NOT_IMPLEMENTED closes the whole connection).
+    worker.wait_durable(lambda d: set(d["idle_waiting_on"]) == set(s.by_name.values()), timeout=20,
+                        what="the idle wait on both queues")
+    s.send("qq", "a-late", 0.01)
+    s.wait_ended(13)
+    assert worker.durable_stats()["claimed_by_idle_wait"] >= 1
     # Every run acked: nothing ready or held on the quorum queue once the worker has stopped.
     assert worker.terminate() == 0
     assert s.broker_depth("qq") == 0
+    assert "NOT_IMPLEMENTED" not in worker.log()
+    assert "Connection to broker lost" not in worker.log()
+
+
+def test_messages_landing_on_two_idle_quorum_queues_at_once_each_run_once(scenario):
+    # Each quorum queue's idle consumer has a prefetch of one of its own: both may deliver at once to a
+    # worker with one slot. The one without a slot goes back in place and the next pass takes it.
+    s = scenario(["q1", "q2"])
+    queues = [quorum_queue(s.by_name[name]) for name in ("q1", "q2")]
+    s.producer.conf.task_queues = queues
+    with s.producer.connection_for_write() as conn:
+        for queue in queues:
+            queue(conn.default_channel).declare()
+    conf = {"durable_max_in_flight": 1,
+            "task_queues": {queue.name: {"exchange": queue.name, "routing_key": queue.name, "durable": True,
+                                         "queue_arguments": {"x-queue-type": "quorum"}} for queue in queues}}
+    worker = s.worker(conf=conf, concurrency=1).wait_ready()
+    for round_ in range(5):
+        worker.wait_durable(lambda d: set(d["idle_waiting_on"]) == set(s.by_name.values()), timeout=20,
+                            what="the idle wait on both queues")
+        s.send("q1", f"one{round_}", 0.02)
+        s.send("q2", f"two{round_}", 0.02)
+        s.wait_ended(2 * (round_ + 1))
+    assert s.max_concurrency() == 1
+    assert worker.terminate() == 0
+    assert sorted(e["label"] for e in s.started()) == sorted(f"{n}{i}" for i in range(5) for n in ("one", "two"))
+    assert s.broker_depth("q1") == 0 and s.broker_depth("q2") == 0
+    assert "NOT_IMPLEMENTED" not in worker.log()
+    assert "Connection to broker lost" not in worker.log()
