@@ -1,4 +1,4 @@
-"""The prefork pool's event-loop side: children reaped and added at once, jobs in a child's pipe kept at a flush."""
+"""The prefork pool's event-loop side: children reaped and added at once, jobs written at once, kept at a flush."""
 
 from __future__ import annotations
 
@@ -41,6 +41,34 @@ class ReapingAsynPool(AsynPool):
         """
         super().grow(n)
         self.maintain_pool()
+
+    def _create_write_handlers(self, hub: Any, *args: Any, **kwargs: Any) -> None:
+        """Celery's write handlers, and a job handed to the pool written to an idle child's pipe at once.
+
+        Celery's ``send_job`` only queues the job: every round of the loop then
+        registers each idle child's pipe with the poller for writing, the next
+        poll finds them writable and the consolidated ``schedule_writes`` writes
+        the job, and the round after unregisters them (an ``epoll_ctl`` a pipe
+        each way per job, and a poll between the delivery and the child's start).
+        A ``-P durable`` worker hands the pool a run only for a free slot, so an
+        idle child is almost always there: its pipe is given to ``schedule_writes``
+        now, which pops the oldest queued job and writes it (a full pipe makes it
+        park the write on the poller, as Celery's own first try does). With no
+        idle child the job waits for the loop, as before.
+        """
+        super()._create_write_handlers(hub, *args, **kwargs)
+        queue_job: Any = self._quick_put  # type: ignore[has-type]
+        write_queued = hub.consolidate_callback
+        all_inqueues, active_writes, busy = self._all_inqueues, self._active_writes, self._busy_workers
+
+        def send_job_at_once(job: Any) -> None:
+            queue_job(job)
+            for fd in all_inqueues:
+                if fd not in active_writes and fd not in busy:
+                    write_queued([fd])
+                    return
+
+        self._quick_put = send_job_at_once
 
     def flush(self) -> None:
         """Forget the jobs no child has, as Celery does; keep the ones already in a child's pipe.

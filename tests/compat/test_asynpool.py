@@ -132,3 +132,31 @@ def test_a_job_written_to_a_child_before_its_ack_is_read_survives_flush_and_its_
         assert time.monotonic() - began < JOINED_WITHIN
     finally:
         _terminate(pool, hub)
+
+
+def _run_until(hub: Hub, condition: Any, what: str, within: float = REPLACED_WITHIN) -> None:
+    loop = hub.create_loop()
+    deadline = time.monotonic() + within
+    while not condition() and time.monotonic() < deadline:
+        next(loop)
+    assert condition(), f"timed out after {within}s waiting for {what}"
+
+
+def test_a_job_for_an_idle_child_is_written_at_once_and_a_busy_childs_waits_for_the_loop() -> None:
+    # Celery's own send_job only queues: the write comes after a turn of the loop has polled the pipe.
+    pool = ReapingAsynPool(processes=1, threads=False)
+    hub = Hub()
+    results: list[Any] = []
+    try:
+        pool.register_with_event_loop(hub)
+        _run_until(hub, lambda: pool._all_inqueues, "the child to say it is up")
+        first = pool.apply_async(_answer, callback=results.append)
+        assert first._write_to is not None, "an idle child's job waited for the loop"
+        assert not pool.outbound_buffer
+        # The child has a job now: the next one is queued and written by the loop once it is free.
+        second = pool.apply_async(_answer, callback=results.append)
+        assert getattr(second, "_write_to", None) is None and list(pool.outbound_buffer) == [second]
+        _run_until(hub, lambda: len(results) == 2, "both results")
+        assert results == ["done", "done"] and second._write_to is not None
+    finally:
+        _terminate(pool, hub)
