@@ -31,3 +31,25 @@ def test_the_next_task_starts_as_soon_as_the_recycled_child_is_replaced(scenario
     worker.wait_durable(lambda st: st["in_flight"] == 0 and st["scheduled"] == 0, timeout=15,
                         what="every count back")
     assert worker.terminate() == 0
+
+
+def test_recycled_children_each_run_one_task_and_none_is_lost_or_run_twice(scenario):
+    # A job is written to an idle child's pipe as it is handed to the pool (compat/asynpool.py), in the
+    # turn of the loop that read the last result of a child about to exit for --max-tasks-per-child: a
+    # job written to a child that exits before reading it is put back by Celery and runs in another.
+    s = scenario(["q"])
+    worker = s.worker(concurrency=2, extra_args=["--max-tasks-per-child", "1"]).wait_ready()
+    count = 30
+    for i in range(count):
+        s.send("q", f"t{i}", 0.0)
+    s.wait_ended(count, timeout=120)
+    started = s.started()
+    assert sorted(e["label"] for e in started) == sorted(f"t{i}" for i in range(count))  # each ran once
+    assert len({e["pid"] for e in started}) == count, "each task must have run in a fresh child"
+    assert s.max_concurrency() <= 2
+    worker.wait_durable(lambda st: st["in_flight"] == 0 and st["scheduled"] == 0, timeout=15,
+                        what="every count back")
+    log = worker.log()
+    for sign in ("WorkerLostError", "exited prematurely", "inqueue damaged"):
+        assert sign not in log, sign
+    assert worker.terminate() == 0
