@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 
 
 def push_queue(order: Sequence[str], free: Mapping[str, int], room: int, serving: str | None = None,
-               pushable: Callable[[str], bool] = lambda queue: True) -> str | None:
+               pushable: Container[str] | None = None) -> str | None:
     """The queue to consume push-style, or None for the rotated turn of ``basic.get`` asks.
 
     A queue is *open* while it has a free slot: one at its per-queue cap
@@ -16,10 +16,12 @@ def push_queue(order: Sequence[str], free: Mapping[str, int], room: int, serving
     exactly a claim. With two or more open the strict rotated turn decides.
     A worker with no room has no queue open, and no reason to switch: it keeps
     the queue it is ``serving`` (None: the rotated turn), as a full worker asks
-    for nothing either way. A queue that is not ``pushable`` (RabbitMQ's
-    quorum and stream queues take no consumer on the push channel) stays in the turn.
+    for nothing either way. A queue not in ``pushable`` (None: every queue is;
+    RabbitMQ's quorum and stream queues take no consumer on the push channel) stays in the turn.
     """
     if room <= 0:
         return serving
     open_queues = [queue for queue in order if free.get(queue, 0) > 0]
-    return open_queues[0] if len(open_queues) == 1 and pushable(open_queues[0]) else None
+    if len(open_queues) != 1 or (pushable is not None and open_queues[0] not in pushable):
+        return None
+    return open_queues[0]

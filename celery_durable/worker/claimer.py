@@ -7,7 +7,6 @@ from typing import Any
 
 from celery_durable.clock import Clock
 from celery_durable.compat.amqp_cork import FrameCork, cork_for
-from celery_durable.compat.amqp_watch import accepts_global_qos
 from celery_durable.compat.host_types import HostMessage, HostRequest
 from celery_durable.errors import InvariantBroken
 from celery_durable.limits.gate import LimitGate
@@ -250,8 +249,8 @@ class Claimer:
         if len(free) != len(order):
             free = {q: free[q] for q in order}
         room = self.held.room()
-        if self._push is not None and self._push.follow(push_queue(
-                order, free, room, self._push.queue, pushable=lambda q: accepts_global_qos(queues[q].queue_arguments))):
+        if self._push is not None and self._push.follow(
+                push_queue(order, free, room, self._push.queue, self._consumed_order.pushable)):
             return 0  # the broker pushes this pass's room: one open queue
         # A pass that asks beyond its room must check each run against the slots as it admits it;
         # one that does not cannot take more than its room, and skips that bookkeeping.
@@ -368,9 +367,7 @@ class Claimer:
         return replayed.sweep, replayed.unreadable + len(replayed.taken) - admitted - handed_back, handed_back
 
     def _fetch(self, fetcher: Fetcher, queue: Any, count: int, bounded: bool) -> tuple[int, int, int]:
-        """(messages taken from the broker, of them admitted: now holding a slot, given back: no slot left)."""
-        # A message already taken from the broker is admitted even if a stop
-        # came meanwhile: it is counted, and the drain hands it back.
+        """(messages taken, of them admitted: holding a slot, given back: no slot left); admitted after a stop too."""
         messages = list(fetcher.fetch(queue, count, lambda: self.claiming))
         admitted, handed_back = self._admission.admit_all([(queue.name, message) for message in messages], bounded)
         return len(messages), admitted, handed_back

@@ -1,9 +1,11 @@
-"""The queues a claim pass walks: the consumed ones by name, and the held queues' order among them."""
+"""The queues a claim pass walks: the consumed ones by name, the held queues' order among them, the pushable ones."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from celery_durable.compat.amqp_watch import accepts_global_qos
 
 
 class ConsumedOrder:
@@ -19,6 +21,9 @@ class ConsumedOrder:
         self._held: tuple[str, ...] = ()
         self._by_name: dict[str, Any] = {}
         self._order: tuple[str, ...] = ()
+        #: The consumed queues a push consumer may serve: RabbitMQ refuses a quorum or stream queue's
+        #: consumer on a channel with a global ``basic.qos`` (planning/push_turn.py).
+        self.pushable: frozenset[str] = frozenset()
 
     def read(self) -> tuple[dict[str, Any], tuple[str, ...]]:
         consumed, held = self._read_consumed(), self._read_held()
@@ -26,4 +31,5 @@ class ConsumedOrder:
             self._consumed, self._held = consumed, held
             self._by_name = {queue.name: queue for queue in consumed}
             self._order = tuple(name for name in held if name in self._by_name)
+            self.pushable = frozenset(queue.name for queue in consumed if accepts_global_qos(queue.queue_arguments))
         return self._by_name, self._order
